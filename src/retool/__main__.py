@@ -1,0 +1,7 @@
+"""``python -m retool`` is the ``retool`` command."""
+
+import sys
+
+from retool.cli import main
+
+sys.exit(main())

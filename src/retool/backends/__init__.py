@@ -1,0 +1,1 @@
+"""Model backends. Each implements the contract in :mod:`retool.types`."""

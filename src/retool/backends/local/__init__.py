@@ -1,0 +1,1 @@
+"""The local backend: PyTorch + transformers + PEFT on this machine."""

@@ -1,0 +1,285 @@
+"""One config system: frozen dataclasses, validated on construction, read from TOML.
+
+A run is described by :class:`RunConfig`, one TOML table per section::
+
+    [rollout]
+    group_size = 8
+    protocol = "markdown"
+
+    [sandbox]
+    timeout = 10.0
+
+Any value can be overridden on the command line with ``--set
+section.key=value`` (the value is parsed as TOML, falling back to a plain
+string). Every check raises :class:`~retool.errors.ConfigError` naming the field
+and the allowed range, so a bad value fails before any model is loaded instead
+of hanging a worker pool or crashing at datum-build time, as the reference did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from retool.errors import ConfigError
+
+C = TypeVar("C")
+
+
+def _positive(section: str, name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{section}.{name} must be > 0, got {value}")
+
+
+def _at_least(section: str, name: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(f"{section}.{name} must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model and backend to train."""
+
+    base_model: str = "smollm2-135m-instruct"  # alias, .gguf file or HF directory
+    backend: str = "local"  # local | pytrio | tinker
+    lora_rank: int = 32  # LoRA rank; 0 trains all weights
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto | float32 | bfloat16
+
+    def __post_init__(self) -> None:
+        if self.backend not in {"local", "pytrio", "tinker"}:
+            raise ConfigError(
+                f"model.backend must be one of local, pytrio, tinker; got {self.backend!r}"
+            )
+        _at_least("model", "lora_rank", self.lora_rank, 0)
+        if self.dtype not in {"auto", "float32", "bfloat16", "float16"}:
+            raise ConfigError(
+                f"model.dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}"
+            )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where training and evaluation questions come from."""
+
+    train: str = "demo:train"  # "demo:<split>" or a .jsonl/.parquet path
+    dev: str = "demo:dev"  # held-out questions for evaluation
+    seed: int = 42  # batch order
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Budgets and sampling of one rollout (see ARCHITECTURE.md)."""
+
+    group_size: int = 8  # trajectories per question; advantages are centred per group
+    max_code_calls: int = 4  # tool calls that may enter one trajectory
+    max_assistant_turns: int = 6  # assistant turns recorded per trajectory
+    max_trajectory_tokens: int = 8192  # prompt + everything generated, per trajectory
+    max_assistant_tokens: int = 1024  # new tokens per assistant turn
+    max_tool_response_tokens: int = 512  # tokens of one observation
+    temperature: float = 1.0  # sampling temperature (0 = greedy)
+    top_p: float = 1.0  # nucleus mass, in (0, 1]
+    seed: int = 42  # base sampling seed; combined with the training step
+    protocol: str = "markdown"  # tool-call dialect: markdown | hermes_json | qwen3_xml
+
+    def __post_init__(self) -> None:
+        for name in (
+            "group_size",
+            "max_code_calls",
+            "max_assistant_turns",
+            "max_trajectory_tokens",
+            "max_assistant_tokens",
+            "max_tool_response_tokens",
+        ):
+            _positive("rollout", name, getattr(self, name))
+        if self.max_assistant_tokens > self.max_trajectory_tokens:
+            raise ConfigError(
+                f"rollout.max_assistant_tokens ({self.max_assistant_tokens}) must be <= "
+                f"rollout.max_trajectory_tokens ({self.max_trajectory_tokens})"
+            )
+        if self.max_tool_response_tokens > self.max_trajectory_tokens:
+            raise ConfigError(
+                f"rollout.max_tool_response_tokens ({self.max_tool_response_tokens}) must be <= "
+                f"rollout.max_trajectory_tokens ({self.max_trajectory_tokens})"
+            )
+        _at_least("rollout", "temperature", self.temperature, 0)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        from retool.protocol import PROTOCOL_NAMES
+
+        if self.protocol not in PROTOCOL_NAMES:
+            raise ConfigError(
+                f"rollout.protocol must be one of {', '.join(PROTOCOL_NAMES)}; "
+                f"got {self.protocol!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits of one code execution."""
+
+    timeout: float = 10.0  # wall-clock seconds per call
+    memory_mb: int = 1024  # address-space cap per call
+    max_workers: int = 8  # calls running at once
+    max_output_bytes: int = 16384  # kept of stdout and of stderr (the tail)
+    isolation: str = "auto"  # auto | strict | none
+
+    def __post_init__(self) -> None:
+        _positive("sandbox", "timeout", self.timeout)
+        _positive("sandbox", "memory_mb", self.memory_mb)
+        _positive("sandbox", "max_workers", self.max_workers)
+        _positive("sandbox", "max_output_bytes", self.max_output_bytes)
+        if self.isolation not in {"auto", "strict", "none"}:
+            raise ConfigError(
+                f"sandbox.isolation must be auto, strict or none; got {self.isolation!r}"
+            )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How answers are scored."""
+
+    timeout: float = 5.0  # seconds per equivalence check; a timeout scores -1
+    workers: int = 2  # verifier processes
+
+    def __post_init__(self) -> None:
+        _positive("reward", "timeout", self.timeout)
+        _positive("reward", "workers", self.workers)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop."""
+
+    steps: int = 20  # training steps (one optimizer step each)
+    questions_per_batch: int = 8  # questions per step; trajectories = this x group_size
+    learning_rate: float = 4e-5  # AdamW
+    max_train_tokens: int = 8192  # longest datum the trainer accepts
+    micro_batch_tokens: int = 16384  # padded-area budget per forward_backward
+    save_every: int = 10  # checkpoint period in steps; 0 saves only at the end
+    run_dir: str = "runs/default"  # metrics, checkpoints, samples
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "questions_per_batch", "max_train_tokens", "micro_batch_tokens"):
+            _positive("train", name, getattr(self, name))
+        _at_least("train", "learning_rate", self.learning_rate, 0)
+        _at_least("train", "save_every", self.save_every, 0)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs, one field per TOML section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.rollout.max_trajectory_tokens > self.train.max_train_tokens:
+            raise ConfigError(
+                f"rollout.max_trajectory_tokens ({self.rollout.max_trajectory_tokens}) must be "
+                f"<= train.max_train_tokens ({self.train.max_train_tokens}): longer trajectories "
+                "could be sampled but never trained on"
+            )
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(where: str, annotation: Any, value: Any) -> Any:
+    """Check ``value`` against a field's annotation (int, float, str, bool, tuple)."""
+    hint = annotation
+    if isinstance(hint, str):
+        hint = {"int": int, "float": float, "str": str, "bool": bool}.get(hint, hint)
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(where, options[0], value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def build_section(cls: type[C], values: dict[str, Any], section: str) -> C:
+    """Instantiate a section dataclass from a mapping, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in [{section}]: {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(known))}"
+        )
+    kwargs = {k: _coerce(f"{section}.{k}", hints[k], v) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``"section.key=value"`` -> (section, key, value); the value is read as TOML."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    dotted, raw = text.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word such as markdown
+    return parts[0], parts[1], value
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: typing.Sequence[str] = ()
+) -> RunConfig:
+    """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    sections = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for name, value in raw.items():
+        if name not in sections:
+            raise ConfigError(f"{path}: unknown section [{name}]; allowed: {', '.join(sections)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: [{name}] must be a table")
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section not in sections:
+            raise ConfigError(
+                f"--set {text}: unknown section {section!r}; allowed: {', '.join(sections)}"
+            )
+        raw.setdefault(section, {})[key] = value
+    hints = typing.get_type_hints(RunConfig)
+    built = {name: build_section(hints[name], raw.get(name, {}), name) for name in sections}
+    return RunConfig(**built)

@@ -1,0 +1,146 @@
+"""Convert the DAPO-Math-17k Parquet layout into our JSONL splits.
+
+DAPO-Math-17k rows look like::
+
+    {"data_source": "math_dapo",
+     "prompt": [{"role": "user", "content": "Solve the following ... \\n\\n<question>\\n\\n
+                 Remember to put your answer on its own line after \\"Answer:\\"."}],
+     "reward_model": {"ground_truth": "34", "style": "rule"},
+     "extra_info": {"index": "9a9b6eb4-..."}}
+
+We keep the bare question (the "Answer:" instructions conflict with our
+``\\boxed{}`` system prompt), the ground truth and the index. The published
+file repeats each problem many times; exact repeats are dropped and counted.
+The prefix/suffix are removed as exact strings (``str.lstrip`` with a phrase, a
+common bug, eats leading letters of the question).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool.data.examples import MathExample, write_jsonl
+from retool.errors import DataError
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be "
+    "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
+)
+DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    """What ``prepare_dapo_math`` read and wrote."""
+
+    rows: int  # rows in the input file
+    duplicates: int  # exact repeats of an earlier (question, answer) dropped
+    train: int  # examples written to train.jsonl
+    dev: int  # examples written to dev.jsonl
+    train_path: Path
+    dev_path: Path
+
+
+def strip_dapo_wrapper(content: str) -> str:
+    """The bare question inside a DAPO prompt (unchanged if the wrapper is absent)."""
+    text = content.strip()
+    if text.startswith(DAPO_PREFIX):
+        text = text[len(DAPO_PREFIX) :]
+    if text.endswith(DAPO_SUFFIX):
+        text = text[: -len(DAPO_SUFFIX)]
+    return text.strip()
+
+
+def _dapo_row(record: dict[str, Any], where: str) -> MathExample:
+    prompt = record.get("prompt")
+    if not isinstance(prompt, list | tuple) or not prompt or not isinstance(prompt[0], dict):
+        raise DataError(f"{where}: 'prompt' must be a non-empty list of messages")
+    content = prompt[0].get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise DataError(f"{where}: 'prompt[0].content' is missing or empty")
+    reward_model = record.get("reward_model")
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    if truth is None or not str(truth).strip():
+        raise DataError(f"{where}: 'reward_model.ground_truth' is missing or empty")
+    extra = record.get("extra_info")
+    index = extra.get("index") if isinstance(extra, dict) else None
+    if index is None or not str(index).strip():
+        raise DataError(f"{where}: 'extra_info.index' is missing")
+    question = strip_dapo_wrapper(content)
+    if not question:
+        raise DataError(f"{where}: the question is empty once the DAPO wrapper is removed")
+    return MathExample(
+        id=str(index),
+        question=question,
+        answer=str(truth).strip(),
+        data_source=str(record.get("data_source") or "dapo-math-17k"),
+    )
+
+
+def prepare_dapo_math(
+    input_path: str | Path, output_dir: str | Path, dev_size: int = 50, seed: int = 42
+) -> PrepareReport:
+    """Write ``train.jsonl`` and ``dev.jsonl`` under ``output_dir``.
+
+    Every row is validated before anything is written, so a bad file leaves
+    ``output_dir`` untouched.
+    """
+    import pyarrow.parquet as pq
+
+    input_path = Path(input_path)
+    if dev_size < 0:
+        raise DataError(f"--dev-size must be >= 0, got {dev_size}")
+    if not input_path.exists():
+        raise DataError(f"{input_path}: no such file")
+    try:
+        table = pq.read_table(input_path)
+    except Exception as exc:  # pyarrow raises several unrelated types
+        raise DataError(f"{input_path}: not a readable Parquet file ({exc})") from exc
+    missing = {"prompt", "reward_model", "extra_info"} - set(table.column_names)
+    if missing:
+        raise DataError(
+            f"{input_path}: missing column(s) {sorted(missing)}; expected the DAPO-Math-17k layout"
+        )
+    examples: list[MathExample] = []
+    seen_content: dict[tuple[str, str], str] = {}
+    seen_ids: dict[str, tuple[str, str]] = {}
+    duplicates = 0
+    rows = table.num_rows
+    for row, record in enumerate(table.to_pylist(), start=1):
+        where = f"{input_path}:{row}"
+        example = _dapo_row(record, where)
+        key = (example.question, example.answer)
+        if key in seen_content:
+            duplicates += 1
+            continue
+        if example.id in seen_ids:
+            raise DataError(f"{where}: id {example.id!r} already used by a different question")
+        seen_content[key] = example.id
+        seen_ids[example.id] = key
+        examples.append(example)
+    if not examples:
+        raise DataError(f"{input_path}: contains no rows")
+    if dev_size >= len(examples):
+        raise DataError(
+            f"--dev-size {dev_size} leaves no training data ({len(examples)} unique questions)"
+        )
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    dev_idx = set(order[:dev_size])
+    dev = [e for i, e in enumerate(examples) if i in dev_idx]
+    train = [e for i, e in enumerate(examples) if i not in dev_idx]
+    out = Path(output_dir)
+    train_path, dev_path = out / "train.jsonl", out / "dev.jsonl"
+    write_jsonl(train_path, train)
+    write_jsonl(dev_path, dev)
+    return PrepareReport(
+        rows=rows,
+        duplicates=duplicates,
+        train=len(train),
+        dev=len(dev),
+        train_path=train_path,
+        dev_path=dev_path,
+    )

@@ -1,0 +1,135 @@
+"""Math examples and how they are read from disk.
+
+A :class:`MathExample` is one question with its reference answer. Files are JSONL
+(one object per line) or Parquet with the columns ``id``, ``question``,
+``answer`` and optionally ``data_source``. Every defect is reported as a
+:class:`~retool.errors.DataError` naming ``path:line`` (the row number for
+Parquet), so a user can fix the file without a debugger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from retool.errors import DataError
+
+
+@dataclass(frozen=True)
+class MathExample:
+    """One math question and its reference answer."""
+
+    id: str  # unique within a dataset
+    question: str  # problem statement shown to the model
+    answer: str  # reference answer (LaTeX or plain), compared by math equivalence
+    data_source: str = ""  # where it came from, e.g. "dapo-math-17k" or "demo/modpow"
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _example_from_record(record: Any, where: str) -> MathExample:
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    fields: dict[str, str] = {}
+    for key in ("question", "answer"):
+        value = record.get(key)
+        if value is None:
+            raise DataError(f"{where}: missing field {key!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and key == "answer":
+            value = str(value)
+        if not isinstance(value, str):
+            raise DataError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+        if not value.strip():
+            raise DataError(f"{where}: field {key!r} is empty")
+        fields[key] = value
+    raw_id = record.get("id")
+    if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
+        raise DataError(f"{where}: missing field 'id'")
+    if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
+        raise DataError(f"{where}: field 'id' must be a string or integer")
+    source = record.get("data_source") or ""
+    if not isinstance(source, str):
+        raise DataError(f"{where}: field 'data_source' must be a string")
+    return MathExample(
+        id=str(raw_id), question=fields["question"], answer=fields["answer"], data_source=source
+    )
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        handle = path.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open ({exc.strerror})") from exc
+    with handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several unrelated types
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from exc
+    for row, record in enumerate(table.to_pylist(), start=1):
+        yield f"{path}:{row}", record
+
+
+def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
+    """Read examples from a ``.jsonl``/``.json`` or ``.parquet`` file.
+
+    Raises :class:`DataError` for a missing file, a malformed line, a missing or
+    empty ``question``/``answer``, a duplicate id, or an empty file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix in {".jsonl", ".json", ".ndjson"}:
+        records: Iterable[tuple[str, Any]] = _iter_jsonl(path)
+    elif suffix in {".parquet", ".pq"}:
+        records = _iter_parquet(path)
+    else:
+        raise DataError(f"{path}: unknown format {suffix!r}; use .jsonl or .parquet")
+    examples: list[MathExample] = []
+    first_seen: dict[str, str] = {}
+    for where, record in records:
+        example = _example_from_record(record, where)
+        if example.id in first_seen:
+            raise DataError(
+                f"{where}: duplicate id {example.id!r} (first seen at {first_seen[example.id]})"
+            )
+        first_seen[example.id] = where
+        examples.append(example)
+    if not examples:
+        raise DataError(f"{path}: contains no examples")
+    return examples
+
+
+def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -> int:
+    """Write examples atomically (temp file + rename); returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    count = 0
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            for example in examples:
+                handle.write(json.dumps(example.to_dict(), ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count

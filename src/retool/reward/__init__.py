@@ -1,0 +1,83 @@
+"""Outcome reward: the last ``\\boxed{}`` answer, math-equivalent to the reference.
+
+``score_answer`` returns +1 for a correct boxed answer and -1 for anything else
+(a wrong answer, no box at all, or an equivalence check that ran out of time).
+The reward never looks at how the answer was reached: tool use is learned only
+through its effect on the final answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from retool.reward.boxed import TAIL_CHARS, extract_boxed
+from retool.reward.verify import EquivalenceChecker, Verdict, default_checker
+
+CORRECT_REWARD = 1.0
+WRONG_REWARD = -1.0
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Score of one final answer."""
+
+    reward: float  # +1.0 correct, -1.0 otherwise
+    correct: bool  # the boxed answer is equivalent to the reference
+    valid_format: bool  # a complete \boxed{} was found in the tail of the text
+    answer: str | None  # content of that box, None when there was none
+    timed_out: bool = False  # the equivalence check hit its deadline (counted as wrong)
+
+
+def _result(answer: str | None, verdict: Verdict | None) -> RewardResult:
+    if answer is None or verdict is None:
+        return RewardResult(WRONG_REWARD, correct=False, valid_format=False, answer=answer)
+    return RewardResult(
+        CORRECT_REWARD if verdict.equivalent else WRONG_REWARD,
+        correct=verdict.equivalent,
+        valid_format=True,
+        answer=answer,
+        timed_out=verdict.timed_out,
+    )
+
+
+def score_answer(
+    text: str, reference: str, timeout: float = 5.0, checker: EquivalenceChecker | None = None
+) -> RewardResult:
+    """Score ``text`` against ``reference``; never runs longer than ``timeout`` per check."""
+    answer = extract_boxed(text)
+    if answer is None:
+        return _result(None, None)
+    checker = checker or default_checker()
+    return _result(answer, checker.check(answer, reference, timeout))
+
+
+def score_many(
+    texts: Sequence[str],
+    references: Sequence[str],
+    timeout: float = 5.0,
+    workers: int = 2,
+    checker: EquivalenceChecker | None = None,
+) -> list[RewardResult]:
+    """Score many answers using ``workers`` processes in parallel; order is preserved."""
+    if len(texts) != len(references):
+        raise ValueError(f"{len(texts)} texts but {len(references)} references")
+    answers = [extract_boxed(t) for t in texts]
+    checker = checker or default_checker(workers=workers)
+    todo = [(i, a) for i, a in enumerate(answers) if a is not None]
+    verdicts = checker.check_many([(a, references[i]) for i, a in todo], timeout)
+    by_index: dict[int, Verdict] = {i: v for (i, _), v in zip(todo, verdicts, strict=True)}
+    return [_result(a, by_index.get(i)) for i, a in enumerate(answers)]
+
+
+__all__ = [
+    "CORRECT_REWARD",
+    "TAIL_CHARS",
+    "WRONG_REWARD",
+    "EquivalenceChecker",
+    "RewardResult",
+    "Verdict",
+    "extract_boxed",
+    "score_answer",
+    "score_many",
+]

@@ -1,0 +1,334 @@
+"""The Tinker-shaped contract every backend implements.
+
+Values:
+    ModelInput        a token sequence sent to a model
+    TensorData        a flat numeric array with dtype and shape (``loss_fn_inputs``)
+    Datum             one training example: model input + per-token loss inputs
+    SamplingParams    how to sample one completion
+    SampledSequence   one completion: tokens, per-token logprobs, text, stop reason
+    SampleResponse    every completion of one sampling request
+    AdamParams        one AdamW step
+    ForwardBackwardOutput, OptimStepOutput   what training calls return
+    Future            a result that may not have arrived yet (``.result()`` / ``await``)
+
+Clients (``typing.Protocol``; the method set of the pytrio/tinker SDKs):
+    ServiceClient, TrainingClient, SamplingClient
+
+Contract shared by every backend:
+    * ``loss_fn_inputs`` are already shifted by the caller: position ``t`` of
+      ``target_tokens``/``logprobs``/``advantages`` describes the token predicted
+      from ``model_input[: t + 1]``.
+    * RL losses (``importance_sampling``, ``ppo``, ``cispo``) reduce by **sum** over
+      the loss tokens of all datums in one call. A caller that wants another
+      aggregation (per-trajectory mean, ``n_k/N`` micro-batch weights) scales the
+      advantages before sending them.
+    * Sampled ``logprobs`` are the policy's own: log-softmax of the raw logits at
+      temperature 1, without top-p/top-k filtering, i.e. what ``forward`` returns
+      for the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from retool.errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A sequence of token ids given to a model."""
+
+    tokens: tuple[int, ...]  # token ids, in order
+
+    @classmethod
+    def from_ints(cls, tokens: Sequence[int]) -> ModelInput:
+        return cls(tuple(int(t) for t in tokens))
+
+    @classmethod
+    def empty(cls) -> ModelInput:
+        return cls(())
+
+    def to_ints(self) -> list[int]:
+        return list(self.tokens)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def append(self, tokens: Sequence[int]) -> ModelInput:
+        """A new input with ``tokens`` added at the end."""
+        return ModelInput(self.tokens + tuple(int(t) for t in tokens))
+
+
+_DTYPES = {"float32": np.float32, "int64": np.int64}
+
+
+@dataclass(frozen=True)
+class TensorData:
+    """A numeric array carried inside a :class:`Datum` (flat data + shape)."""
+
+    data: tuple[float, ...] | tuple[int, ...]  # values in row-major order
+    dtype: str  # "float32" or "int64"
+    shape: tuple[int, ...]  # array shape; prod(shape) == len(data)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ConfigError(
+                f"TensorData.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"
+            )
+        if int(np.prod(self.shape, dtype=np.int64)) != len(self.data):
+            raise ConfigError(
+                f"TensorData.shape {self.shape} does not match {len(self.data)} values"
+            )
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray) -> TensorData:
+        array = np.asarray(array)
+        if np.issubdtype(array.dtype, np.integer):
+            dtype = "int64"
+            data: tuple[Any, ...] = tuple(int(x) for x in array.reshape(-1).tolist())
+        else:
+            dtype = "float32"
+            data = tuple(float(x) for x in array.astype(np.float32).reshape(-1).tolist())
+        return cls(data=data, dtype=dtype, shape=tuple(int(s) for s in array.shape))
+
+    @classmethod
+    def from_list(
+        cls, values: Sequence[float] | Sequence[int], dtype: str = "float32"
+    ) -> TensorData:
+        return cls.from_numpy(np.asarray(values, dtype=_DTYPES[dtype]))
+
+    def to_numpy(self) -> np.ndarray:
+        return np.asarray(self.data, dtype=_DTYPES[self.dtype]).reshape(self.shape)
+
+    def tolist(self) -> list[Any]:
+        return self.to_numpy().tolist()
+
+    def to_torch(self) -> Any:
+        import torch
+
+        return torch.from_numpy(self.to_numpy().copy())
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One training example: the model input and its per-token loss inputs."""
+
+    model_input: ModelInput  # tokens fed to the model (already shifted: input = full[:-1])
+    loss_fn_inputs: Mapping[str, TensorData] = field(default_factory=dict)  # target_tokens, ...
+
+    def __post_init__(self) -> None:
+        n = self.model_input.length
+        for key, value in self.loss_fn_inputs.items():
+            if value.shape and value.shape[0] != n:
+                raise ConfigError(
+                    f"Datum.loss_fn_inputs[{key!r}] has length {value.shape[0]}, "
+                    f"model_input has {n} tokens"
+                )
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion."""
+
+    max_tokens: int = 256  # new tokens at most
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass, in (0, 1]
+    top_k: int = -1  # keep the k most likely tokens; -1 keeps all
+    seed: int | None = None  # same seed + same prompt -> same tokens
+    stop: tuple[str | int, ...] = ()  # stop strings and/or token ids (the stop is kept)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ConfigError(f"SamplingParams.max_tokens must be > 0, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ConfigError(f"SamplingParams.top_k must be -1 or >= 1, got {self.top_k}")
+        if isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+
+class StopReason(StrEnum):
+    """Why the sampler stopped one sequence."""
+
+    STOP = "stop"
+    """A stop string or stop token (EOS included) was produced; it is in ``tokens``."""
+    LENGTH = "length"
+    """``max_tokens`` new tokens were produced."""
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    """One sampled completion."""
+
+    tokens: tuple[int, ...]  # the sampler's own token ids (never re-encoded)
+    logprobs: tuple[float, ...]  # policy logprob of each token, temperature 1, unfiltered
+    text: str | None = None  # decoded from ``tokens`` (special tokens skipped)
+    stop_reason: StopReason = StopReason.LENGTH  # why sampling ended
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.logprobs):
+            raise ValueError(
+                f"SampledSequence has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass(frozen=True)
+class SampleResponse:
+    """Every completion of one sampling request, in request order."""
+
+    sequences: tuple[SampledSequence, ...]
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """One AdamW step. ``grad_clip_norm <= 0`` disables global-norm clipping."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.learning_rate < 0:
+            raise ConfigError(f"AdamParams.learning_rate must be >= 0, got {self.learning_rate}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise ConfigError(f"AdamParams.{name} must be in [0, 1), got {value}")
+        if self.eps <= 0:
+            raise ConfigError(f"AdamParams.eps must be > 0, got {self.eps}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"AdamParams.weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass(frozen=True)
+class ForwardBackwardOutput:
+    """Result of ``forward`` / ``forward_backward``."""
+
+    loss_fn_outputs: tuple[dict[str, TensorData], ...]  # per datum, e.g. {"logprobs": ...}
+    metrics: dict[str, float]  # "loss:sum", "loss_tokens", "clip_fraction", ...
+
+
+@dataclass(frozen=True)
+class OptimStepOutput:
+    """Result of ``optim_step``."""
+
+    metrics: dict[str, float]  # "grad_norm", "learning_rate", ...
+
+
+@dataclass(frozen=True)
+class SaveStateOutput:
+    """Where a checkpoint was written."""
+
+    path: str  # directory of the checkpoint
+
+
+class Future(Generic[T]):
+    """A result that may not have arrived yet.
+
+    Wraps a :class:`concurrent.futures.Future` so that callers can block with
+    ``.result()`` from synchronous code or ``await`` it from an event loop, like the
+    SDK futures of remote backends.
+    """
+
+    def __init__(self, inner: concurrent.futures.Future[T]) -> None:
+        self._inner = inner
+
+    @classmethod
+    def completed(cls, value: T) -> Future[T]:
+        inner: concurrent.futures.Future[T] = concurrent.futures.Future()
+        inner.set_result(value)
+        return cls(inner)
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> Future[T]:
+        inner: concurrent.futures.Future[T] = concurrent.futures.Future()
+        inner.set_exception(exc)
+        return cls(inner)
+
+    @classmethod
+    def run(cls, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` now and wrap its value or exception."""
+        try:
+            return cls.completed(fn())
+        except BaseException as exc:
+            return cls.failed(exc)
+
+    def result(self, timeout: float | None = None) -> T:
+        return self._inner.result(timeout)
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return asyncio.wrap_future(self._inner).__await__()
+
+
+@runtime_checkable
+class SamplingClient(Protocol):
+    """Samples from one frozen snapshot of a policy."""
+
+    def sample(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> Future[SampleResponse]: ...
+
+    def sample_async(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> Awaitable[SampleResponse]: ...
+
+    def compute_logprobs(self, prompt: ModelInput) -> Future[list[float | None]]: ...
+
+    def get_tokenizer(self) -> Any: ...
+
+
+@runtime_checkable
+class TrainingClient(Protocol):
+    """Holds trainable weights and optimizer state."""
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> Future[ForwardBackwardOutput]: ...
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> Future[ForwardBackwardOutput]: ...
+
+    def optim_step(self, adam_params: AdamParams) -> Future[OptimStepOutput]: ...
+
+    def save_state(self, name: str) -> Future[SaveStateOutput]: ...
+
+    def load_state(self, path: str) -> Future[None]: ...
+
+    def save_weights_for_sampler(self, name: str) -> Future[SaveStateOutput]: ...
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient: ...
+
+    def get_tokenizer(self) -> Any: ...
+
+
+@runtime_checkable
+class ServiceClient(Protocol):
+    """Entry point of a backend: creates training and sampling clients."""
+
+    def create_lora_training_client(
+        self, base_model: str, rank: int = 32, seed: int | None = None
+    ) -> TrainingClient: ...
+
+    def create_sampling_client(
+        self, model_path: str | None = None, base_model: str | None = None
+    ) -> SamplingClient: ...

@@ -1,0 +1,61 @@
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from retool.cli import main
+
+
+def _retool(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "retool", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_help_lists_subcommands():
+    done = _retool("--help")
+    assert done.returncode == 0
+    assert "prepare-data" in done.stdout and "demo" in done.stdout
+    assert _retool("prepare-data", "--help").returncode == 0
+    assert "--dev-size" in _retool("prepare-data", "dapo-math", "--help").stdout
+
+
+def test_malformed_parquet_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "raw.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    "prompt": [{"role": "user", "content": "Q"}],
+                    "reward_model": {"ground_truth": "1"},
+                    "extra_info": {"index": None},
+                }
+            ]
+        ),
+        bad,
+    )
+    done = _retool(
+        "prepare-data", "dapo-math", "--input", str(bad), "--output-dir", str(tmp_path / "out")
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "raw.parquet:1" in done.stderr and "extra_info.index" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_demo_writes_splits(tmp_path, capsys):
+    assert main(["prepare-data", "demo", "--output-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dev.jsonl", "test.jsonl", "train.jsonl"]
+    assert "wrote 240 train examples" in capsys.readouterr().out
+
+
+def test_bad_override_is_a_clean_error(capsys):
+    assert main(["demo", "--set", "rollout.group_size=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("retool: error: rollout.group_size must be > 0")
