@@ -1,0 +1,22 @@
+"""Executes model-written Python: isolated, limited, stateless, fast.
+
+``LocalSandbox`` runs each snippet in a child of a pre-imported fork server,
+inside fresh namespaces with a read-only root, no network, an empty
+environment and per-call limits; ``format_tool_content`` turns the result into
+the observation the model reads. See ``server.py`` for the process tree.
+"""
+
+from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox, sandbox_env
+from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
+from retool.sandbox.stats import SandboxStats
+
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "ErrorKind",
+    "ExecResult",
+    "IsolationLevel",
+    "LocalSandbox",
+    "SandboxStats",
+    "format_tool_content",
+    "sandbox_env",
+]

@@ -1,0 +1,83 @@
+"""Thin ctypes wrappers over the Linux calls Python 3.11 does not expose.
+
+``unshare``, ``mount``, ``umount2``, ``pivot_root`` and ``prctl``: enough to
+build a bubblewrap-style sandbox without an external binary. Every wrapper
+raises :class:`OSError` with the errno on failure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+MNT_DETACH = 0x2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(platform.machine())
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
+) -> None:
+    def enc(value: str | None) -> bytes | None:
+        return None if value is None else value.encode()
+
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {target}",
+    )
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    if _PIVOT_ROOT is None:
+        raise OSError(38, f"pivot_root: unsupported machine {platform.machine()}")
+    _check(
+        _libc.syscall(ctypes.c_long(_PIVOT_ROOT), new_root.encode(), put_old.encode()), "pivot_root"
+    )
+
+
+def prctl(option: int, arg: int) -> None:
+    _check(
+        _libc.prctl(
+            ctypes.c_int(option),
+            ctypes.c_ulong(arg),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        ),
+        "prctl",
+    )
