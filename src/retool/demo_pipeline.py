@@ -9,8 +9,6 @@ use it to check that every stage agrees with the others.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +16,7 @@ from retool.config import RunConfig
 from retool.data.demo import DemoProblem
 from retool.protocol import ParseKind, get_protocol
 from retool.reward import score_many
+from retool.sandbox import LocalSandbox, format_tool_content
 
 
 @dataclass(frozen=True)
@@ -45,19 +44,6 @@ def write_call(protocol: str, code: str) -> str:
     )
 
 
-def run_trusted(code: str, timeout: float) -> str:
-    """Run our own reference code (never model output) and return its stdout."""
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={"PATH": "/usr/bin:/bin"},
-        check=False,
-    )
-    return done.stdout if done.returncode == 0 else done.stderr
-
-
 def reference_walkthrough(
     config: RunConfig, problems: Sequence[DemoProblem], log: Callable[[str], None] = lambda _: None
 ) -> WalkthroughReport:
@@ -65,6 +51,11 @@ def reference_walkthrough(
 
     dialect = get_protocol(config.rollout.protocol)
     tokenizer = load_tokenizer(config.model.base_model)
+    sandbox = LocalSandbox(timeout=config.sandbox.timeout, memory_mb=config.sandbox.memory_mb,
+                           max_workers=1, isolation=config.sandbox.isolation,
+                           max_output_bytes=config.sandbox.max_output_bytes)
+    log(f"[sandbox] isolation level {sandbox.isolation_level}; preloaded "
+        f"{', '.join(sandbox.preloaded)}")
     log(f"[protocol] {dialect.name}: stop sequences {dialect.stop_sequences(tokenizer)}")
     finals: list[str] = []
     tool_calls = tokens = 0
@@ -76,7 +67,7 @@ def reference_walkthrough(
         if parsed.kind != ParseKind.TOOL or parsed.code is None:
             raise AssertionError(f"reference call did not parse as a tool call: {parsed}")
         completion = tokenizer.encode(call_text, add_special_tokens=False)
-        output = run_trusted(parsed.code, config.sandbox.timeout)
+        output = format_tool_content(sandbox.run(parsed.code), config.sandbox.timeout)
         tool_calls += 1
         next_prompt = dialect.continuation(
             tokenizer,
@@ -97,6 +88,10 @@ def reference_walkthrough(
                 f"{output.strip()!r}; next prompt = P1 + C1 + {len(delta)} "
                 "template/observation tokens"
             )
+    window = sandbox.stats.snapshot_and_reset()
+    sandbox.close()
+    log(f"[sandbox] {window['calls']} calls, success rate {window['success_rate']:.0%}, "
+        f"p50 {window['latency_p50_s'] * 1000:.1f} ms")
     results = score_many(
         finals,
         [str(p.answer) for p in problems],

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from retool import __version__
-from retool.cli import demo, prepare_data
+from retool.cli import demo, prepare_data, sandbox
 from retool.errors import RetoolError
 
-COMMANDS = (prepare_data, demo)
+COMMANDS = (prepare_data, sandbox, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

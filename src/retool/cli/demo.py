@@ -1,6 +1,6 @@
 """``retool demo``: the most complete pipeline that exists, on the embedded default.
 
-Today that is everything but the learning itself: the demo dataset and its
+Today that is everything but sampling and learning: the demo dataset and its
 batches, the chat prompt rendered with the bundled SmolLM2 tokenizer in the
 chosen dialect, reference tool calls built from the dataset's own solutions,
 executed, appended token-exactly as observations, and the final answers scored.

@@ -12,6 +12,7 @@ event loops alike. A dead server is restarted and the call retried once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -112,6 +113,7 @@ class LocalSandbox:
         self._lock = threading.Lock()
         self._server: subprocess.Popen[bytes] | None = None
         self._generation = 0
+        self.connections_opened = 0  # handler connections made (at most max_workers live)
         self._dir = ""
         self._closed = False
         self._start_server()
@@ -199,6 +201,7 @@ class LocalSandbox:
             pass
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(os.path.join(self._dir, "server.sock"))
+        self.connections_opened += 1
         return self._generation, conn
 
     # -- running code ---------------------------------------------------------
@@ -274,6 +277,8 @@ class LocalSandbox:
             )
         elif "MemoryError" in stderr[-2000:]:
             kind = ErrorKind.MEMORY
+        elif "[Errno 27] File too large" in stderr[-2000:]:
+            kind = ErrorKind.OUTPUT  # Python ignores SIGXFSZ: the write fails with EFBIG
         elif "sandbox setup failed" in stderr:
             kind = ErrorKind.SANDBOX
         else:
@@ -305,7 +310,5 @@ class LocalSandbox:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import importlib
 import json
 import os
@@ -47,7 +48,8 @@ from typing import Any
 from retool.sandbox import linux
 
 FULL, BASIC = "full", "basic"
-UID_BASE = 61000  # sandbox uids when the server runs as root: UID_BASE + handler index
+UID_BASE = 61000  # sandbox uids when the server runs as root (see Handler.uid_for)
+UIDS_PER_HANDLER = 8  # > calls a handler has prepared or running at once (3)
 MAX_PROCS = 64  # processes per call (fork bombs stop here)
 MAX_FILE_BYTES = 8 << 20  # largest file a call may write (stdout/stderr included)
 MAX_OPEN_FILES = 64
@@ -188,10 +190,8 @@ def _run_code(code: str) -> int:
         traceback.print_exception(etype, value, tb.tb_next if tb else None)
         status = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(BaseException):
             stream.flush()
-        except BaseException:
-            pass
     return status
 
 
@@ -258,18 +258,14 @@ def _child_b(
         status = _run_code(request["code"]) & 0xFF
         _report_done(done_w, status)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.write(2, ("sandbox setup failed: " + traceback.format_exc()).encode())
-        except OSError:
-            pass
     os._exit(status & 0xFF)
 
 
 def _report_done(done_w: int, status: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.write(done_w, f"{status}\n".encode())
-    except OSError:
-        pass
 
 
 def run_file() -> None:
@@ -296,6 +292,7 @@ class Prepared:
     out_path: str
     err_path: str
     scratch: str | None
+    uid: int | None  # the call's own uid (root server only)
 
 
 def _read_line(fd: int, deadline: float) -> str | None:
@@ -350,25 +347,29 @@ class Handler:
         self.level = level
         self.workdir = workdir
         self.fresh = fresh
-        self.uid = UID_BASE + index if os.geteuid() == 0 else None
+        self.root = os.geteuid() == 0
         self.counter = 0
         self.new_root = os.path.join(workdir, "root")
         self.reap: list[Prepared] = []  # finished calls whose supervisor is not reaped yet
 
     def _close(self, prepared: Prepared) -> None:
         """Reap A (it exits once B's namespace is gone) and close the pipes."""
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(prepared.pid_a, 0)
-        except ChildProcessError:
-            pass
         for fd in (prepared.status_r, prepared.done_r):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
+
+    def uid_for(self, counter: int) -> int | None:
+        """A uid of its own for each call in flight, so killing one call's leftovers
+        by uid never touches the calls prepared after it."""
+        if not self.root:
+            return None
+        return UID_BASE + self.index * UIDS_PER_HANDLER + counter % UIDS_PER_HANDLER
 
     def prepare(self) -> Prepared:
         self.counter += 1
+        uid = self.uid_for(self.counter)
         stem = os.path.join(self.workdir, f"h{self.index}-{self.counter}")
         out_path, err_path = stem + ".out", stem + ".err"
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
@@ -377,8 +378,8 @@ class Handler:
         if self.level == BASIC:
             scratch = stem + ".scratch"
             os.mkdir(scratch, 0o700)
-            if self.uid is not None:
-                os.chown(scratch, self.uid, self.uid)
+            if uid is not None:
+                os.chown(scratch, uid, uid)
         code_r, code_w = os.pipe()
         status_r, status_w = os.pipe()
         done_r, done_w = os.pipe()
@@ -405,7 +406,7 @@ class Handler:
                         done_w,
                         out_fd,
                         err_fd,
-                        self.uid,
+                        uid,
                         self.new_root,
                         scratch,
                         self.fresh,
@@ -424,7 +425,7 @@ class Handler:
         os.close(done_w)
         os.close(out_fd)
         os.close(err_fd)
-        return Prepared(pid_a, None, code_w, status_r, done_r, out_path, err_path, scratch)
+        return Prepared(pid_a, None, code_w, status_r, done_r, out_path, err_path, scratch, uid)
 
     def _started(self, prepared: Prepared) -> None:
         """Read B's pid from A (written right after A forks B)."""
@@ -440,10 +441,8 @@ class Handler:
     def run(self, prepared: Prepared, request: dict[str, Any]) -> dict[str, Any]:
         self._started(prepared)
         payload = json.dumps(request).encode()
-        try:
+        with contextlib.suppress(BrokenPipeError):  # B died in set-up; its status says why
             _write_all(prepared.code_w, payload)
-        except BrokenPipeError:
-            pass  # B died during set-up; its status says why
         os.close(prepared.code_w)
         deadline = time.monotonic() + float(request["timeout"])
         returncode, waited = _await_exit(prepared, deadline)
@@ -471,17 +470,13 @@ class Handler:
     def _kill_tree(self, prepared: Prepared) -> None:
         self._started(prepared)
         assert prepared.pid_b is not None
-        try:
-            os.kill(prepared.pid_b, signal.SIGKILL)  # PID 1 of its namespace: takes all
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):  # PID 1 of its namespace: takes all
+            os.kill(prepared.pid_b, signal.SIGKILL)
         if self.level == BASIC:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(prepared.pid_b, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self.uid is not None:
-                kill_uid(self.uid)
+            if prepared.uid is not None:
+                kill_uid(prepared.uid)
 
     def discard(self, prepared: Prepared) -> None:
         os.close(prepared.code_w)
@@ -530,10 +525,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _tail(path: str, cap: int) -> tuple[str, bool]:
@@ -619,7 +612,9 @@ def main(argv: list[str] | None = None) -> None:
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the trainer
     missing: list[str] = []
     level = BASIC
-    if args.isolation != "none":
+    if args.isolation == "none":
+        missing.append("namespaces (disabled: isolation='none')")
+    else:
         missing = enter_server_namespaces()
         if not missing:
             error = probe_full(workdir)

@@ -1,0 +1,105 @@
+"""Latency and throughput of the sandbox against the reference approach.
+
+The reference ran every snippet with a fresh ``python -c`` (CPU rlimit, the
+parent's environment). We time the same snippets both ways in one run and
+print medians, p95 and the ratio. Used by ``retool sandbox bench`` and
+``bench/sandbox.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from retool.sandbox.local import LocalSandbox
+
+SNIPPETS = {
+    "print": "print(2**100)",
+    "sympy": "import sympy; print(sympy.factorint(2**64-1))",
+    "numpy": "import numpy as np; a = np.arange(10000.0); print(float(a @ a))",
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latencies of one snippet under one approach, in milliseconds."""
+
+    p50_ms: float
+    p95_ms: float
+
+
+def fresh_python(code: str, timeout: float = 30.0) -> None:
+    """The reference approach: a new interpreter per call, the parent's environment."""
+    subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        timeout=timeout,
+        env=dict(os.environ),
+        check=False,
+    )
+
+
+def _time(fn: Callable[[], object], n: int) -> Timing:
+    fn()  # warm-up, not counted
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    ordered = sorted(samples)
+    return Timing(
+        statistics.median(samples), ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    )
+
+
+def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
+    with ThreadPoolExecutor(workers) as pool:
+        started = time.perf_counter()
+        list(pool.map(lambda _: fn(), range(n)))
+    return n / (time.perf_counter() - started)
+
+
+def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print) -> dict:
+    """Measure and print the table; returns the figures."""
+    results: dict[str, dict] = {}
+    with (
+        LocalSandbox(max_workers=max(workers, 1)) as ours,
+        LocalSandbox(max_workers=max(workers, 1), isolation="none") as bare,
+    ):
+        log(f"isolation level: {ours.isolation_level}; n={n} calls per cell, median / p95 in ms")
+        log(
+            f"{'snippet':<8} {'fresh python -c':>18} {'ours (no isolation)':>22} "
+            f"{'ours (full)':>16} {'speed-up':>9} {'isolation cost':>15}"
+        )
+        for name, code in SNIPPETS.items():
+            ref = _time(lambda c=code: fresh_python(c), n)
+            plain = _time(lambda c=code: bare.run(c), n)
+            full = _time(lambda c=code: ours.run(c), n)
+            ratio = ref.p50_ms / full.p50_ms
+            results[name] = {
+                "fresh": ref,
+                "ours_no_isolation": plain,
+                "ours": full,
+                "speedup": ratio,
+            }
+            log(
+                f"{name:<8} {ref.p50_ms:>8.1f} / {ref.p95_ms:>6.1f} {plain.p50_ms:>12.1f} / "
+                f"{plain.p95_ms:>6.1f} {full.p50_ms:>7.1f} / {full.p95_ms:>6.1f} "
+                f"{ratio:>8.1f}x {full.p50_ms - plain.p50_ms:>+12.1f} ms"
+            )
+        code = SNIPPETS["sympy"]
+        for w in sorted({1, workers}):
+            ref_tp = _throughput(lambda: fresh_python(code), w, n)
+            our_tp = _throughput(lambda: ours.run(code), w, n)
+            results[f"throughput_{w}"] = {"fresh": ref_tp, "ours": our_tp}
+            log(
+                f"throughput (sympy snippet, {w} worker{'s' if w > 1 else ''}): fresh "
+                f"{ref_tp:.1f} req/s, ours {our_tp:.1f} req/s ({our_tp / ref_tp:.1f}x)"
+            )
+    return results
