@@ -51,11 +51,17 @@ def reference_walkthrough(
 
     dialect = get_protocol(config.rollout.protocol)
     tokenizer = load_tokenizer(config.model.base_model)
-    sandbox = LocalSandbox(timeout=config.sandbox.timeout, memory_mb=config.sandbox.memory_mb,
-                           max_workers=1, isolation=config.sandbox.isolation,
-                           max_output_bytes=config.sandbox.max_output_bytes)
-    log(f"[sandbox] isolation level {sandbox.isolation_level}; preloaded "
-        f"{', '.join(sandbox.preloaded)}")
+    sandbox = LocalSandbox(
+        timeout=config.sandbox.timeout,
+        memory_mb=config.sandbox.memory_mb,
+        max_workers=1,
+        isolation=config.sandbox.isolation,
+        max_output_bytes=config.sandbox.max_output_bytes,
+    )
+    log(
+        f"[sandbox] isolation level {sandbox.isolation_level}; preloaded "
+        f"{', '.join(sandbox.preloaded)}"
+    )
     log(f"[protocol] {dialect.name}: stop sequences {dialect.stop_sequences(tokenizer)}")
     finals: list[str] = []
     tool_calls = tokens = 0
@@ -90,8 +96,10 @@ def reference_walkthrough(
             )
     window = sandbox.stats.snapshot_and_reset()
     sandbox.close()
-    log(f"[sandbox] {window['calls']} calls, success rate {window['success_rate']:.0%}, "
-        f"p50 {window['latency_p50_s'] * 1000:.1f} ms")
+    log(
+        f"[sandbox] {window['calls']} calls, success rate {window['success_rate']:.0%}, "
+        f"p50 {window['latency_p50_s'] * 1000:.1f} ms"
+    )
     results = score_many(
         finals,
         [str(p.answer) for p in problems],
