@@ -1,0 +1,109 @@
+"""The built-in token losses of the local backend, and chunked target logprobs.
+
+Every loss takes per-token tensors of one call, flattened over all datums:
+``logprobs`` (the current policy's, with gradient), and the caller's
+``loss_fn_inputs``: ``weights`` for ``cross_entropy``; ``logprobs`` (old, from
+the sampler) and ``advantages`` for the RL losses. Reduction is the **sum**
+over loss tokens of all datums in the call (the contract in ``retool.types``);
+callers scale advantages for any other aggregation.
+
+* ``cross_entropy``        ``-sum(w * logp)``
+* ``importance_sampling``  ``-sum(r * A)``, ``r = exp(logp - logp_old)``
+* ``ppo``                  ``-sum(min(r * A, clip(r, lo, hi) * A))``; ``lo``/``hi``
+                           are absolute ratio bounds (default 0.8 / 1.2)
+* ``cispo``                ``-sum(sg(clip(r, lo, hi)) * A * logp)``: the clipped
+                           ratio weights the log-likelihood gradient instead of
+                           cutting it off (MiniMax-M1)
+
+Metrics: ``loss:sum``, ``loss_tokens`` (tokens with a non-zero weight or
+advantage), ``clip_fraction`` (share of loss tokens whose ratio fell outside
+the bounds), ``approx_kl`` (mean of ``logp_old - logp`` over loss tokens),
+``ratio_max``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from retool.errors import BackendError
+
+LOSS_NAMES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+
+
+def chunked_target_logprobs(
+    hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor, chunk: int = 256
+) -> torch.Tensor:
+    """``log_softmax(hidden @ head_weight.T)[targets]`` without full-batch fp32 logits.
+
+    ``hidden`` is ``[B, T, H]``, ``targets`` ``[B, T]``. Each chunk of positions is
+    recomputed in the backward pass (activation checkpointing), so at most one
+    chunk of ``[B, chunk, vocab]`` float32 logits is alive at a time.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = (h @ head_weight.T).float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
+
+    outputs = []
+    for start in range(0, hidden.shape[1], chunk):
+        h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            outputs.append(checkpoint(piece, h, t, use_reentrant=False))
+        else:
+            outputs.append(piece(h, t))
+    return torch.cat(outputs, dim=1)
+
+
+def _rl_terms(
+    logprobs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, config: Mapping[str, float]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
+    low = float(config.get("clip_low_threshold", DEFAULT_CLIP["clip_low_threshold"]))
+    high = float(config.get("clip_high_threshold", DEFAULT_CLIP["clip_high_threshold"]))
+    if not 0 < low <= 1 <= high:
+        raise BackendError(
+            f"clip thresholds must satisfy 0 < low <= 1 <= high, got {low} and {high}"
+        )
+    ratio = torch.exp(logprobs - old)
+    active = advantages != 0
+    return ratio, active, torch.clamp(ratio, low, high), low, high
+
+
+def compute_loss(
+    name: str,
+    logprobs: torch.Tensor,
+    inputs: Mapping[str, torch.Tensor],
+    config: Mapping[str, float] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The summed loss and its metrics for flattened per-token tensors."""
+    config = config or {}
+    if name not in LOSS_NAMES:
+        raise BackendError(f"unknown loss_fn {name!r}; choose one of {', '.join(LOSS_NAMES)}")
+    if name == "cross_entropy":
+        weights = inputs["weights"].to(logprobs.dtype)
+        loss = -(weights * logprobs).sum()
+        tokens = int((weights != 0).sum())
+        return loss, {"loss:sum": float(loss.detach()), "loss_tokens": float(tokens)}
+    old = inputs["logprobs"].to(logprobs.dtype)
+    advantages = inputs["advantages"].to(logprobs.dtype)
+    ratio, active, clipped, low, high = _rl_terms(logprobs, old, advantages, config)
+    losses: dict[str, Callable[[], torch.Tensor]] = {
+        "importance_sampling": lambda: -(ratio * advantages).sum(),
+        "ppo": lambda: -torch.minimum(ratio * advantages, clipped * advantages).sum(),
+        "cispo": lambda: -(clipped.detach() * advantages * logprobs).sum(),
+    }
+    loss = losses[name]()
+    n = int(active.sum())
+    with torch.no_grad():
+        outside = ((ratio < low) | (ratio > high)) & active
+        metrics = {
+            "loss:sum": float(loss.detach()),
+            "loss_tokens": float(n),
+            "clip_fraction": float(outside.sum()) / max(n, 1),
+            "approx_kl": float(((old - logprobs) * active).sum()) / max(n, 1),
+            "ratio_max": float(ratio[active].max()) if n else 1.0,
+        }
+    return loss, metrics
