@@ -157,3 +157,57 @@ def load_tokenizer(name: str) -> Any:
         tok.save_pretrained(tmp)
 
     return AutoTokenizer.from_pretrained(cached_dir("tokenizers", source, build))
+
+
+def tiny_random_config(vocab_size: int) -> Any:
+    """A Llama of a few million parameters shaped like SmolLM2 (tied embeddings)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+
+
+def load_model(name: str, dtype: Any = None, seed: int = 0) -> Any:
+    """The causal LM of ``name`` on CPU, in float32 unless ``dtype`` says otherwise.
+
+    GGUF weights are dequantised by transformers (about 20 s for SmolLM2), then
+    saved once as safetensors under the cache directory, keyed by the GGUF's
+    hash; later loads take a fraction of a second. ``tiny-random`` is built from
+    ``seed`` and never cached.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch.float32
+    source = resolve_model(name)
+    if source.random_init:
+        tokenizer = load_tokenizer(SMOLLM2_ALIAS)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(tiny_random_config(len(tokenizer)))
+        return model.to(dtype)
+    if source.gguf_file is None:
+        return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
+
+    def build(tmp: Path) -> None:
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path, gguf_file=source.gguf_file, dtype=torch.float32
+        )
+        # A GGUF-loaded model refuses save_pretrained until its quantizer is dropped.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+
+    return AutoModelForCausalLM.from_pretrained(cached_dir("models", source, build), dtype=dtype)
