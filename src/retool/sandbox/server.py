@@ -101,6 +101,17 @@ def build_root(new_root: str, binds: list[str]) -> None:
     """Mount a minimal read-only root at ``new_root`` and ``pivot_root`` into it."""
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
     linux.mount("tmpfs", new_root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=0755")
+    # Private /tmp and /dev/shm first: a bind below /tmp (a checkout or venv living
+    # there) must land on top of the private tmpfs, not be hidden by it.
+    for sub, size in (("/tmp", TMPFS_MB), ("/dev/shm", 16)):
+        os.makedirs(new_root + sub, exist_ok=True)
+        linux.mount(
+            "tmpfs",
+            new_root + sub,
+            "tmpfs",
+            linux.MS_NOSUID | linux.MS_NODEV,
+            f"size={size}m,mode=1777",
+        )
     ro = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
     for src in binds:
         dst = new_root + src
@@ -113,17 +124,8 @@ def build_root(new_root: str, binds: list[str]) -> None:
     os.makedirs(new_root + "/dev", exist_ok=True)
     for node in _DEV_NODES:
         dst = f"{new_root}/dev/{node}"
-        open(dst, "w").close()
+        open(dst, "w").close()  # noqa: SIM115 - a mount point, closed at once
         linux.mount(f"/dev/{node}", dst, None, linux.MS_BIND)
-    for sub, size in (("/tmp", TMPFS_MB), ("/dev/shm", 16)):
-        os.makedirs(new_root + sub, exist_ok=True)
-        linux.mount(
-            "tmpfs",
-            new_root + sub,
-            "tmpfs",
-            linux.MS_NOSUID | linux.MS_NODEV,
-            f"size={size}m,mode=1777",
-        )
     os.makedirs(new_root + "/proc", exist_ok=True)
     linux.mount(
         "proc", new_root + "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
