@@ -1,0 +1,370 @@
+"""The sampling engine: one batched decode over every request in flight.
+
+A background thread owns the model. Requests (prompt, ``num_samples``, params)
+arrive on a queue at any time; each is prefilled once (reusing the longest
+cached prefix), its ``num_samples`` rows share that prefill, and the rows join
+the running batch at the next step. Every step feeds the last token of every
+row through the model in one forward call (right-aligned KV cache, left
+padding masked), samples each row with its own generator, and retires rows
+that hit a stop token, a stop string or ``max_tokens``. A request's future
+resolves when its last row finishes; finished rows leave their KV in the
+prefix cache for the continuation that usually follows.
+
+Logprobs are the policy's own: ``log_softmax`` of the raw logits at
+temperature 1, with no top-p/top-k filtering, in float32. Temperature, top-k
+and top-p shape only which token is drawn. So ``forward`` on the same tokens
+returns the same numbers (up to float rounding), which PPO's ratio needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future as ConcurrentFuture
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from retool.backends.local.kv import (
+    KV,
+    PrefixCache,
+    PrefixStats,
+    cache_kv,
+    make_cache,
+    make_cache_empty,
+)
+from retool.types import SampledSequence, SampleResponse, SamplingParams, StopReason
+
+_SEED_STRIDE = 1_000_003
+_SPARE = 256  # cache slots allocated ahead of need (doubling beyond that)
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    num_samples: int
+    params: SamplingParams
+    future: ConcurrentFuture[SampleResponse]
+    done: list[SampledSequence | None] = field(default_factory=list)
+    remaining: int = 0
+
+
+@dataclass
+class _Row:
+    request: _Request
+    index: int  # which of the request's samples
+    tokens: list[int]  # prompt + generated, every token with KV except the last
+    prompt_len: int
+    generator: torch.Generator | None
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finished: StopReason | None = None
+
+
+class SamplingEngine:
+    """Continuous batching over one frozen model."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_batch_rows: int = 64,
+        prefix_cache_bytes: int = 1 << 30,
+        max_context_tokens: int = 8192,
+    ) -> None:
+        self.model = model.eval()
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_rows = max_batch_rows
+        self.max_context_tokens = max_context_tokens
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._rows: list[_Row] = []
+        self._cache: Any = None  # batch DynamicCache: [rows, heads, length, dim] per layer
+        self._valid: torch.Tensor | None = None  # [rows, length] which cache slots are real
+        self._positions: list[int] = []  # next position id of each row
+        self._closed = False
+        self._run_lock = threading.Lock()  # held while admitting and stepping
+        # transformers 5 renamed ``past_key_values`` to ``cache``; accept both.
+        params = inspect.signature(type(model).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.steps = 0  # decode steps run
+        self.tokens_generated = 0
+        self._thread = threading.Thread(target=self._loop, name="retool-sampler", daemon=True)
+        self._thread.start()
+
+    # -- public ---------------------------------------------------------------
+    def submit(
+        self, prompt: Sequence[int], num_samples: int, params: SamplingParams
+    ) -> ConcurrentFuture[SampleResponse]:
+        future: ConcurrentFuture[SampleResponse] = ConcurrentFuture()
+        if self._closed:
+            future.set_exception(RuntimeError("the sampling engine is closed"))
+            return future
+        if num_samples <= 0:
+            future.set_exception(ValueError(f"num_samples must be >= 1, got {num_samples}"))
+            return future
+        if not prompt:
+            future.set_exception(ValueError("the prompt is empty"))
+            return future
+        if len(prompt) + params.max_tokens > self.max_context_tokens:
+            future.set_exception(
+                ValueError(
+                    f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                    f"max_context_tokens ({self.max_context_tokens})"
+                )
+            )
+            return future
+        self._queue.put(
+            _Request(
+                [int(t) for t in prompt],
+                num_samples,
+                params,
+                future,
+                [None] * num_samples,
+                num_samples,
+            )
+        )
+        return future
+
+    def prefix_stats(self) -> PrefixStats:
+        return self.prefix_cache.stats()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    # -- the loop -------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            incoming: list[_Request | None] = []
+            if not self._rows:
+                incoming.append(self._queue.get())  # idle: block until work arrives
+            with self._run_lock:
+                if not self._iterate(incoming):
+                    return
+
+    def _iterate(self, incoming: list[_Request | None]) -> bool:
+        """Admit new requests, run one decode step; False once closed."""
+        while True:
+            try:
+                incoming.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        for request in incoming:
+            if request is None:
+                self._fail_all(RuntimeError("the sampling engine was closed"))
+                return False
+            try:
+                self._admit(request)
+            except Exception as exc:
+                if not request.future.done():
+                    request.future.set_exception(exc)
+        if self._rows:
+            try:
+                self._step()
+            except Exception as exc:
+                self._fail_all(exc)
+        return True
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the engine between steps: requests submitted meanwhile join together."""
+        with self._run_lock:
+            yield
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for row in self._rows:
+            if not row.request.future.done():
+                row.request.future.set_exception(exc)
+        self._rows, self._cache, self._valid, self._positions = [], None, None, []
+
+    # -- prefill --------------------------------------------------------------
+    def _forward(self, tokens: list[int], kv: KV | None, start: int) -> tuple[torch.Tensor, KV]:
+        """Logits of the last position and the KV of all ``start + len(tokens)`` tokens."""
+        ids = torch.tensor([tokens], device=self.device)
+        positions = torch.arange(start, start + len(tokens), device=self.device).unsqueeze(0)
+        cache = make_cache(kv, extra=len(tokens)) if kv is not None else make_cache_empty()
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        return out.logits[0, -1].float(), cache_kv(cache)
+
+    def _admit(self, request: _Request) -> None:
+        prompt = request.prompt
+        reused, prefix_kv = self.prefix_cache.longest_prefix(prompt, limit=len(prompt) - 1)
+        logits, kv = self._forward(prompt[reused:], prefix_kv, reused)
+        self.prefix_cache.put(prompt, kv)
+        params = request.params
+        stop_ids = frozenset(int(s) for s in params.stop if isinstance(s, int))
+        stop_strings = tuple(s for s in params.stop if isinstance(s, str) and s)
+        base_seed = (
+            params.seed if params.seed is not None else int.from_bytes(os.urandom(6), "little")
+        )
+        new_rows = []
+        for index in range(request.num_samples):
+            generator = None
+            if params.temperature > 0:
+                generator = torch.Generator(device="cpu")
+                generator.manual_seed((base_seed * _SEED_STRIDE + index) % (1 << 63))
+            row = _Row(request, index, list(prompt), len(prompt), generator, stop_ids, stop_strings)
+            self._advance(row, logits)
+            if row.finished is None:
+                new_rows.append(row)
+            else:
+                self._finish(row, kv)
+        if new_rows:
+            self._join(new_rows, kv)
+
+    # -- batch bookkeeping ----------------------------------------------------
+    def _join(self, rows: list[_Row], kv: KV) -> None:
+        """Add rows that share the prompt KV ``kv`` (length n) to the batch."""
+        n = kv[0][0].shape[2]
+        if self._cache is None:
+            self._cache = make_cache(
+                [(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in kv],
+                extra=_SPARE,
+            )
+            self._valid = torch.ones(len(rows), n, dtype=torch.bool, device=self.device)
+        else:
+            assert self._valid is not None
+            length = self._valid.shape[1]
+            width = max(length, n)
+            merged = []
+            for (bk, bv), (k, v) in zip(cache_kv(self._cache), kv, strict=True):
+                rows_k = bk.new_zeros((bk.shape[0] + len(rows), bk.shape[1], width, bk.shape[3]))
+                rows_v = torch.zeros_like(rows_k)
+                rows_k[: bk.shape[0], :, width - length :] = bk
+                rows_v[: bk.shape[0], :, width - length :] = bv
+                rows_k[bk.shape[0] :, :, width - n :] = k
+                rows_v[bk.shape[0] :, :, width - n :] = v
+                merged.append((rows_k, rows_v))
+            valid = torch.zeros(
+                self._valid.shape[0] + len(rows), width, dtype=torch.bool, device=self.device
+            )
+            valid[: self._valid.shape[0], width - length :] = self._valid
+            valid[self._valid.shape[0] :, width - n :] = True
+            self._cache, self._valid = make_cache(merged, extra=_SPARE), valid
+        self._rows.extend(rows)
+        self._positions.extend([n] * len(rows))
+
+    def _retire(self, keep: list[int]) -> None:
+        """Keep only rows ``keep``; drop cache columns no remaining row uses."""
+        assert self._cache is not None and self._valid is not None
+        self._rows = [self._rows[i] for i in keep]
+        self._positions = [self._positions[i] for i in keep]
+        if not keep:
+            self._cache, self._valid = None, None
+            return
+        index = torch.tensor(keep, device=self.device)
+        valid = self._valid.index_select(0, index)
+        first = int(valid.any(0).int().argmax())
+        self._valid = valid[:, first:].contiguous()
+        self._cache = make_cache(
+            [
+                (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
+                for k, v in cache_kv(self._cache)
+            ],
+            extra=_SPARE,
+        )
+
+    def _row_kv(self, i: int) -> KV:
+        assert self._cache is not None and self._valid is not None
+        columns = self._valid[i].nonzero().squeeze(1)
+        return [
+            (k[i : i + 1].index_select(2, columns), v[i : i + 1].index_select(2, columns))
+            for k, v in cache_kv(self._cache)
+        ]
+
+    # -- one decode step ------------------------------------------------------
+    def _step(self) -> None:
+        assert self._cache is not None and self._valid is not None
+        rows = self._rows
+        ids = torch.tensor([[row.tokens[-1]] for row in rows], device=self.device)
+        positions = torch.tensor([[p] for p in self._positions], device=self.device)
+        mask = torch.cat(
+            [self._valid, torch.ones(len(rows), 1, dtype=torch.bool, device=self.device)], dim=1
+        )
+        # The cache grows in place (spare capacity), so a step copies no history.
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask.long(),
+            use_cache=True,
+            **{self._cache_kwarg: self._cache},
+        )
+        self._valid = mask
+        self._positions = [p + 1 for p in self._positions]
+        logits = out.logits[:, -1].float()
+        self.steps += 1
+        keep = []
+        for i, row in enumerate(rows):
+            self._advance(row, logits[i])
+            if row.finished is None:
+                keep.append(i)
+            else:
+                self._finish(row, self._row_kv(i))
+        if len(keep) != len(rows):
+            self._retire(keep)
+
+    # -- sampling -------------------------------------------------------------
+    def _advance(self, row: _Row, logits: torch.Tensor) -> None:
+        """Sample the next token of ``row`` from its logits and check stops."""
+        params = row.request.params
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if params.temperature == 0:
+            token = int(torch.argmax(logits))
+        else:
+            scores = logits / params.temperature
+            if params.top_k > 0 and params.top_k < scores.shape[-1]:
+                kth = torch.topk(scores, params.top_k).values[-1]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            if params.top_p < 1.0:
+                ordered, order = torch.sort(scores, descending=True)
+                cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
+                drop = cumulative - torch.softmax(ordered, dim=-1) > params.top_p
+                scores = scores.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
+            probs = torch.softmax(scores, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=row.generator))
+        row.generated.append(token)
+        row.logprobs.append(float(logprobs[token]))
+        row.tokens.append(token)
+        self.tokens_generated += 1
+        if token in row.stop_ids or (row.stop_strings and self._hit_stop_string(row)):
+            row.finished = StopReason.STOP
+        elif len(row.generated) >= params.max_tokens:
+            row.finished = StopReason.LENGTH
+
+    def _hit_stop_string(self, row: _Row) -> bool:
+        window = max(len(s) for s in row.stop_strings) + 2  # every token holds >= 1 char
+        tail = self.tokenizer.decode(row.generated[-window:], skip_special_tokens=False)
+        return any(s in tail for s in row.stop_strings)
+
+    def _finish(self, row: _Row, kv: KV) -> None:
+        # The KV covers every token but the last sampled one.
+        self.prefix_cache.put(row.tokens[:-1], kv)
+        request = row.request
+        request.done[row.index] = SampledSequence(
+            tokens=tuple(row.generated),
+            logprobs=tuple(row.logprobs),
+            text=self.tokenizer.decode(row.generated, skip_special_tokens=True),
+            stop_reason=row.finished or StopReason.LENGTH,
+        )
+        request.remaining -= 1
+        if request.remaining == 0 and not request.future.done():
+            request.future.set_result(SampleResponse(tuple(s for s in request.done if s)))

@@ -1,0 +1,161 @@
+"""KV-cache storage for the sampling engine: a growable batch cache and a prefix cache.
+
+``BatchCache`` holds the keys/values of every sequence being decoded as one
+``[rows, kv_heads, capacity, head_dim]`` buffer per layer. Rows are aligned on
+the right (left padding, masked out), so one forward call advances every row by
+one token. Appending writes into spare capacity instead of concatenating (HF's
+``DynamicCache`` copies the whole cache on every step); rows join and leave by
+rebuilding the buffers, which happens once per request, not once per token.
+
+``PrefixCache`` remembers the KV of finished prompts and sequences, keyed by
+their tokens, so a continuation prompt (previous prompt + completion + delta)
+only prefills its new tokens. It is an LRU bounded in bytes and counts hits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [rows, heads, len, dim]
+
+
+class _GrowableLayer(DynamicLayer):
+    """A cache layer that appends into preallocated capacity."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
+        super().__init__()
+        rows, heads, length, dim = keys.shape
+        self.is_initialized = True
+        self.device = keys.device
+        self._k = keys.new_empty((rows, heads, length + extra, dim))
+        self._v = values.new_empty((rows, heads, length + extra, dim))
+        self._k[:, :, :length] = keys
+        self._v[:, :, :length] = values
+        self._n = length
+        self.keys, self.values = self._k[:, :, :length], self._v[:, :, :length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._n + key_states.shape[-2]
+        if end > self._k.shape[2]:
+            grow = max(end, 2 * self._k.shape[2]) - self._k.shape[2]
+            pad = self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[3]))
+            self._k = torch.cat([self._k, pad], dim=2)
+            self._v = torch.cat([self._v, pad.clone()], dim=2)
+        self._k[:, :, self._n : end] = key_states
+        self._v[:, :, self._n : end] = value_states
+        self._n = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._n
+
+
+def make_cache(kv: KV, extra: int = 0) -> DynamicCache:
+    """A ``DynamicCache`` whose layers start from ``kv`` and grow in place."""
+    cache = DynamicCache()
+    cache.layers = [_GrowableLayer(k, v, extra) for k, v in kv]
+    return cache
+
+
+def make_cache_empty() -> DynamicCache:
+    """An empty cache for a first prefill (HF's own layers fill it)."""
+    return DynamicCache()
+
+
+def cache_kv(cache: DynamicCache) -> KV:
+    """The (views of the) keys/values currently held by ``cache``."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def kv_bytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    """Prefix-cache counters since the engine started."""
+
+    lookups: int  # prompts looked up
+    hits: int  # prompts that reused a cached prefix
+    tokens_reused: int  # prompt tokens whose KV came from the cache
+    tokens_prefilled: int  # prompt tokens that had to be computed
+    entries: int  # entries held now
+    bytes: int  # bytes held now
+
+
+class PrefixCache:
+    """LRU map from token sequences to their KV (batch of one), bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], KV] = OrderedDict()
+        self._arrays: dict[tuple[int, ...], np.ndarray] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._lookups = self._hits = self._reused = self._prefilled = 0
+
+    def put(self, tokens: Sequence[int], kv: KV) -> None:
+        key = tuple(tokens)
+        if not key or self.max_bytes <= 0:
+            return
+        size = kv_bytes(kv)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return
+            # Own the memory: a view would pin a whole batch buffer.
+            self._entries[key] = [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv]
+            self._arrays[key] = np.asarray(key, dtype=np.int64)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                old, evicted = self._entries.popitem(last=False)
+                del self._arrays[old]
+                self._bytes -= kv_bytes(evicted)
+
+    def longest_prefix(self, tokens: Sequence[int], limit: int) -> tuple[int, KV | None]:
+        """The longest cached prefix of ``tokens`` of at most ``limit`` tokens."""
+        query = np.asarray(tokens, dtype=np.int64)
+        best_len, best_key = 0, None
+        with self._lock:
+            self._lookups += 1
+            for key, array in self._arrays.items():
+                n = min(len(array), limit, len(query))
+                if n <= best_len:
+                    continue
+                differ = np.flatnonzero(array[:n] != query[:n])
+                common = int(differ[0]) if differ.size else n
+                if common > best_len:
+                    best_len, best_key = common, key
+            best = None
+            if best_key is not None:
+                self._entries.move_to_end(best_key)
+                best = self._entries[best_key]
+                self._hits += 1
+            self._reused += best_len
+            self._prefilled += len(tokens) - best_len
+        if best is None:
+            return 0, None
+        return best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in best]
+
+    def stats(self) -> PrefixStats:
+        with self._lock:
+            return PrefixStats(
+                self._lookups,
+                self._hits,
+                self._reused,
+                self._prefilled,
+                len(self._entries),
+                self._bytes,
+            )

@@ -1,0 +1,70 @@
+"""``LocalSamplingClient``: a frozen policy snapshot served by a ``SamplingEngine``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import torch
+
+from retool.backends.local.engine import SamplingEngine
+from retool.backends.local.kv import PrefixStats
+from retool.types import Future, ModelInput, SampleResponse, SamplingParams
+
+
+class LocalSamplingClient:
+    """Samples from one frozen copy of the weights.
+
+    The client owns its model: later optimizer steps of the training client it
+    came from do not change what it samples.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_context_tokens: int = 8192,
+        prefix_cache_bytes: int = 1 << 30,
+        name: str | None = None,
+    ) -> None:
+        self.name = name
+        self._tokenizer = tokenizer
+        self.engine = SamplingEngine(
+            model,
+            tokenizer,
+            prefix_cache_bytes=prefix_cache_bytes,
+            max_context_tokens=max_context_tokens,
+        )
+
+    def sample(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> Future[SampleResponse]:
+        return Future(self.engine.submit(prompt.to_ints(), num_samples, sampling_params))
+
+    def sample_async(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> Awaitable[SampleResponse]:
+        return self.sample(prompt, num_samples, sampling_params)
+
+    def compute_logprobs(self, prompt: ModelInput) -> Future[list[float | None]]:
+        """Logprob of each prompt token given the ones before it (``None`` for the first)."""
+
+        def run() -> list[float | None]:
+            tokens = prompt.to_ints()
+            ids = torch.tensor([tokens], device=self.engine.device)
+            with torch.no_grad():
+                logits = self.engine.model(input_ids=ids).logits[0].float()
+            logprobs = torch.log_softmax(logits[:-1], dim=-1)
+            picked = logprobs.gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1).tolist()
+            return [None, *picked]
+
+        return Future.run(run)
+
+    def prefix_stats(self) -> PrefixStats:
+        return self.engine.prefix_stats()
+
+    def get_tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def close(self) -> None:
+        self.engine.close()

