@@ -81,15 +81,18 @@ def test_unknown_loss_and_bad_clip():
         compute_loss("ppo", new, inputs, {"clip_low_threshold": 1.1})
 
 
-def test_chunked_logprobs_match_full_logits_and_gradients():
+@pytest.mark.parametrize("head_trainable", [True, False])
+def test_chunked_logprobs_match_full_logits_and_gradients(head_trainable):
     torch.manual_seed(0)
     hidden = torch.randn(2, 37, 8, requires_grad=True)
-    head = torch.randn(50, 8, requires_grad=True)
+    head = torch.randn(50, 8, requires_grad=head_trainable)
     targets = torch.randint(0, 50, (2, 37))
     full = torch.log_softmax(hidden @ head.T, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     chunked = chunked_target_logprobs(hidden, head, targets, chunk=5)
     torch.testing.assert_close(chunked, full)
-    grad_full = torch.autograd.grad(full.sum(), (hidden, head))
-    grad_chunked = torch.autograd.grad(chunked.sum(), (hidden, head))
+    upstream = torch.randn(2, 37)  # a loss that weights tokens differently
+    wrt = (hidden, head) if head_trainable else (hidden,)
+    grad_full = torch.autograd.grad((full * upstream).sum(), wrt)
+    grad_chunked = torch.autograd.grad((chunked * upstream).sum(), wrt)
     for a, b in zip(grad_full, grad_chunked, strict=True):
         torch.testing.assert_close(a, b)

@@ -24,6 +24,7 @@ the bounds), ``approx_kl`` (mean of ``logp_old - logp`` over loss tokens),
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -33,16 +34,61 @@ LOSS_NAMES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
 
+class _FrozenHeadLogprobs(torch.autograd.Function):
+    """Target logprobs through a frozen output head, gradient precomputed per chunk.
+
+    A token's logprob is a scalar, so its gradient with respect to the hidden
+    state is ``g * (W[target] - softmax @ W)`` for the incoming scalar ``g``.
+    The vector in brackets is computed while the chunk's logits exist, and the
+    logits are freed at once: no logits are kept for, or recomputed in, the
+    backward pass.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+    ) -> torch.Tensor:
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        flat_targets = targets.reshape(-1)
+        out = torch.empty(rows.shape[0], dtype=torch.float32, device=hidden.device)
+        direction = torch.empty_like(rows, dtype=torch.float32)
+        w = weight.float()
+        for start in range(0, rows.shape[0], chunk):
+            h = rows[start : start + chunk].float()
+            t = flat_targets[start : start + chunk]
+            logits = h @ w.T
+            logsumexp = torch.logsumexp(logits, dim=-1)
+            out[start : start + chunk] = logits.gather(1, t.unsqueeze(1)).squeeze(1) - logsumexp
+            probs = torch.exp(logits.sub_(logsumexp.unsqueeze(1)))
+            direction[start : start + chunk] = w[t] - probs @ w
+        ctx.save_for_backward(direction)
+        ctx.shape, ctx.dtype = hidden.shape, hidden.dtype
+        return out.reshape(targets.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (direction,) = ctx.saved_tensors
+        grad = (grad_out.reshape(-1, 1).float() * direction).to(ctx.dtype).reshape(ctx.shape)
+        return grad, None, None, None
+
+
 def chunked_target_logprobs(
     hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor, chunk: int = 256
 ) -> torch.Tensor:
     """``log_softmax(hidden @ head_weight.T)[targets]`` without full-batch fp32 logits.
 
-    ``hidden`` is ``[B, T, H]``, ``targets`` ``[B, T]``. Each chunk of positions is
-    recomputed in the backward pass (activation checkpointing), so at most one
-    chunk of ``[B, chunk, vocab]`` float32 logits is alive at a time.
+    ``hidden`` is ``[B, T, H]``, ``targets`` ``[B, T]``; ``chunk`` counts positions
+    per row. With a frozen head (LoRA) the gradient is precomputed chunk by chunk
+    (:class:`_FrozenHeadLogprobs`); with a trainable head each chunk is
+    recomputed in the backward pass (activation checkpointing). Either way at
+    most one chunk of float32 logits is alive at a time.
     """
     from torch.utils.checkpoint import checkpoint
+
+    if torch.is_grad_enabled() and hidden.requires_grad and not head_weight.requires_grad:
+        return _FrozenHeadLogprobs.apply(
+            hidden, head_weight, targets, max(1, chunk * hidden.shape[0])
+        )
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         logits = (h @ head_weight.T).float()
@@ -51,7 +97,7 @@ def chunked_target_logprobs(
     outputs = []
     for start in range(0, hidden.shape[1], chunk):
         h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if torch.is_grad_enabled() and (h.requires_grad or head_weight.requires_grad):
             outputs.append(checkpoint(piece, h, t, use_reentrant=False))
         else:
             outputs.append(piece(h, t))

@@ -1,0 +1,270 @@
+"""Local backend benchmark: our sampler and trainer against plain transformers.
+
+    .venv/bin/python bench/local_backend.py [--repeats 3] [--part sampling|training|all]
+
+1. Rollout-shaped sampling on smollm2-135m-instruct, CPU: 4 prompts x
+   ``num_samples=4``, then 16 continuation prompts (each first-round output plus
+   a 40-token observation), every request to 128 new tokens. Baseline: HF
+   ``generate`` per request, then the forward pass a user writes to get the
+   logprobs of what was sampled. Ours: every request submitted to one
+   ``LocalSamplingClient`` (batched decode, shared prefill, prefix cache).
+2. ``forward_backward`` with ``ppo`` on 8 datums x 512 tokens, LoRA r=32.
+   Baseline: one HF forward over full logits + log-softmax + the same loss +
+   backward. Ours: ``LocalTrainingClient.forward_backward``. Each variant runs
+   in its own process so that peak RSS is its own.
+
+Prints medians over the repeats, absolute figures and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+MODEL = "smollm2-135m-instruct"
+QUESTIONS = [
+    "What is 123456 * 789?",
+    "How many primes are there below 1000?",
+    "What is the sum of the digits of 2^100?",
+    "What is 17^23 mod 1000?",
+]
+
+
+def _prompts(tokenizer):
+    from retool.protocol import get_protocol
+
+    dialect = get_protocol("markdown")
+    return [
+        dialect.render_prompt(tokenizer, dialect.initial_messages(q, tokenizer)) for q in QUESTIONS
+    ]
+
+
+def _observation(tokenizer, i: int) -> list[int]:
+    text = "<|im_end|>\n<|im_start|>user\n```output\n" + " ".join(
+        str(7919 * (i + k)) for k in range(40)
+    )
+    return tokenizer.encode(text, add_special_tokens=False)[:40]
+
+
+def sampling_baseline(model, tokenizer, seed: int) -> tuple[int, float]:
+    """HF generate per request, then logprobs recomputed with a forward pass."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokens = 0
+    started = time.perf_counter()
+
+    def generate(prompt: list[int], n: int) -> list[list[int]]:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=128,
+                min_new_tokens=128,
+                num_return_sequences=n,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+            completions = out[:, len(prompt) :]
+            # The logprob recomputation a user writes: one forward over each sequence.
+            logits = model(input_ids=out).logits[:, len(prompt) - 1 : -1].float()
+            logits.log_softmax(-1).gather(-1, completions.unsqueeze(-1))
+        return [row.tolist() for row in completions]
+
+    firsts = [c for p in _prompts(tokenizer) for c in generate(p, 4)]
+    tokens += sum(len(c) for c in firsts)
+    prompts = _prompts(tokenizer)
+    for i, completion in enumerate(firsts):
+        follow = prompts[i // 4] + completion + _observation(tokenizer, i)
+        tokens += sum(len(c) for c in generate(follow, 1))
+    return tokens, time.perf_counter() - started
+
+
+def sampling_ours(model, tokenizer, seed: int) -> tuple[int, float, dict]:
+    from retool.backends.local.sampling import LocalSamplingClient
+    from retool.types import ModelInput, SamplingParams
+
+    client = LocalSamplingClient(model, tokenizer)
+    params = SamplingParams(max_tokens=128, seed=seed)
+    started = time.perf_counter()
+    prompts = _prompts(tokenizer)
+    first = [client.sample(ModelInput.from_ints(p), 4, params) for p in prompts]
+    firsts = [list(s.tokens) for f in first for s in f.result().sequences]
+    follows = [
+        client.sample(
+            ModelInput.from_ints(prompts[i // 4] + c + _observation(tokenizer, i)),
+            1,
+            SamplingParams(max_tokens=128, seed=seed + 1 + i),
+        )
+        for i, c in enumerate(firsts)
+    ]
+    seconds = 0.0
+    tokens = sum(len(c) for c in firsts)
+    tokens += sum(len(s.tokens) for f in follows for s in f.result().sequences)
+    seconds = time.perf_counter() - started
+    stats = client.prefix_stats()
+    client.close()
+    return (
+        tokens,
+        seconds,
+        {
+            "prefix_hits": stats.hits,
+            "tokens_reused": stats.tokens_reused,
+            "tokens_prefilled": stats.tokens_prefilled,
+        },
+    )
+
+
+def run_sampling(repeats: int) -> None:
+    from retool.backends.local.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL)
+    model = load_model(MODEL).eval()
+    base_rates, our_rates = [], []
+    for repeat in range(repeats):
+        n, seconds = sampling_baseline(model, tokenizer, seed=repeat)
+        base_rates.append(n / seconds)
+        print(
+            f"  sampling baseline repeat {repeat + 1}: {n} tokens in {seconds:.1f}s "
+            f"= {n / seconds:.1f} tok/s",
+            flush=True,
+        )
+        n, seconds, stats = sampling_ours(model, tokenizer, seed=repeat)
+        our_rates.append(n / seconds)
+        print(
+            f"  sampling ours     repeat {repeat + 1}: {n} tokens in {seconds:.1f}s "
+            f"= {n / seconds:.1f} tok/s  {stats}",
+            flush=True,
+        )
+    base, ours = statistics.median(base_rates), statistics.median(our_rates)
+    print(
+        f"SAMPLING  baseline {base:.1f} tok/s | ours {ours:.1f} tok/s | "
+        f"ratio {ours / base:.2f}x (target >= 3x)",
+        flush=True,
+    )
+
+
+def training_child(variant: str) -> None:
+    """One forward_backward in this process; prints JSON with time and peak RSS."""
+    import torch
+
+    from retool.backends.local import LocalServiceClient
+    from retool.backends.local.losses import compute_loss
+    from retool.types import Datum, ModelInput, TensorData
+
+    torch.manual_seed(0)
+    if variant == "ours":
+        service = LocalServiceClient(checkpoint_root="/tmp/retool-bench-ckpt")
+        client = service.create_lora_training_client(MODEL, rank=32, seed=0)
+    else:  # what a user writes with transformers + peft: no retool code in the model path
+        from peft import LoraConfig, get_peft_model
+
+        from retool.backends.local.models import load_model
+
+        model = get_peft_model(
+            load_model(MODEL),
+            LoraConfig(
+                r=32,
+                lora_alpha=32,
+                lora_dropout=0.0,
+                task_type="CAUSAL_LM",
+                target_modules=[
+                    "q_proj",
+                    "k_proj",
+                    "v_proj",
+                    "o_proj",
+                    "gate_proj",
+                    "up_proj",
+                    "down_proj",
+                ],
+            ),
+        )
+        model.train()
+    vocab = 49152
+    data = []
+    for i in range(8):
+        tokens = torch.randint(0, vocab, (513,), generator=torch.Generator().manual_seed(i))
+        data.append(
+            Datum(
+                ModelInput.from_ints(tokens[:-1].tolist()),
+                {
+                    "target_tokens": TensorData.from_numpy(tokens[1:].numpy()),
+                    "logprobs": TensorData.from_list([-10.0] * 512),
+                    "advantages": TensorData.from_list([0.5 if i % 2 else -0.5] * 512),
+                },
+            )
+        )
+    started = time.perf_counter()
+    if variant == "ours":
+        client.forward_backward(data, "ppo").result()
+    else:
+        ids = torch.tensor([d.model_input.to_ints() for d in data])
+        targets = torch.tensor([d.loss_fn_inputs["target_tokens"].tolist() for d in data])
+        logits = model(input_ids=ids).logits.float()
+        logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        old = torch.full_like(logprobs, -10.0)
+        adv = torch.tensor([[0.5 if i % 2 else -0.5] * 512 for i in range(8)])
+        loss, _ = compute_loss(
+            "ppo",
+            logprobs.reshape(-1),
+            {"logprobs": old.reshape(-1), "advantages": adv.reshape(-1)},
+        )
+        loss.backward()
+    seconds = time.perf_counter() - started
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": seconds, "peak_rss_gb": peak_kb / 1024 / 1024}))
+
+
+def run_training(repeats: int) -> None:
+    results: dict[str, list[dict]] = {"baseline": [], "ours": []}
+    for repeat in range(repeats):
+        for variant in ("baseline", "ours"):
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", variant],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            results[variant].append(figures)
+            print(
+                f"  training {variant:<8} repeat {repeat + 1}: {figures['seconds']:.1f}s, "
+                f"{8 * 512 / figures['seconds']:.0f} tok/s, peak RSS "
+                f"{figures['peak_rss_gb']:.2f} GB",
+                flush=True,
+            )
+    med = {
+        v: (
+            statistics.median(r["seconds"] for r in rs),
+            statistics.median(r["peak_rss_gb"] for r in rs),
+        )
+        for v, rs in results.items()
+    }
+    (bs, brss), (os_, orss) = med["baseline"], med["ours"]
+    print(
+        f"TRAINING  baseline {8 * 512 / bs:.0f} tok/s, {brss:.2f} GB | ours "
+        f"{8 * 512 / os_:.0f} tok/s, {orss:.2f} GB | speed {bs / os_:.2f}x (target >= 1.3x), "
+        f"peak RSS {orss / brss:.2f} of baseline (target <= 0.5)",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--part", choices=["sampling", "training", "all"], default="all")
+    parser.add_argument("--child", choices=["baseline", "ours"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        training_child(args.child)
+    else:
+        if args.part in ("training", "all"):
+            run_training(args.repeats)
+        if args.part in ("sampling", "all"):
+            run_sampling(args.repeats)
