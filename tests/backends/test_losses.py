@@ -96,3 +96,34 @@ def test_chunked_logprobs_match_full_logits_and_gradients(head_trainable):
     grad_chunked = torch.autograd.grad((chunked * upstream).sum(), wrt)
     for a, b in zip(grad_full, grad_chunked, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_lean_lora_forward_matches_peft():
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from retool.backends.local.lora_fast import use_lean_lora_forward
+    from retool.backends.local.models import load_model
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(
+        load_model("tiny-random", seed=2),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "down_proj"]),
+    )
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)  # B starts at zero: make it count
+    lean = copy.deepcopy(peft_model)
+    assert use_lean_lora_forward(lean) == 4  # 2 layers x 2 modules
+    ids = torch.tensor([[5, 9, 200, 31, 7]])
+    out_peft = peft_model(input_ids=ids).logits
+    out_lean = lean(input_ids=ids).logits
+    torch.testing.assert_close(out_lean, out_peft)
+    out_peft.sum().backward()
+    out_lean.sum().backward()
+    for (name, a), (_, b) in zip(
+        peft_model.named_parameters(), lean.named_parameters(), strict=True
+    ):
+        if a.requires_grad:
+            torch.testing.assert_close(b.grad, a.grad, msg=name)

@@ -1,11 +1,13 @@
 """``retool demo``: the most complete pipeline that exists, on the embedded default.
 
-Today that is everything but sampling and learning: the demo dataset and its
-batches, the chat prompt rendered with the bundled SmolLM2 tokenizer in the
-chosen dialect, reference tool calls built from the dataset's own solutions,
-executed, appended token-exactly as observations, and the final answers scored.
-It prints what it did at each stage so a new user sees the data flow of one
-training step.
+Two parts. First a reference walkthrough: the demo dataset's own solutions
+stand in for the model, so every stage (prompt rendering in the chosen
+dialect, parsing, sandboxed execution, token-exact continuation, reward) is
+checked against known-good answers in seconds. Then one real ReTool step on
+the bundled SmolLM2-135M-Instruct: sample a group per question, run the tool
+calls in the sandbox, continue, score, centre advantages per question, and
+take one PPO update of a LoRA adapter. It prints what it did at each stage so
+a new user sees the data flow of one training step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import time
 
 from retool.config import load_config
+from retool.errors import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +36,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="override one config value",
     )
     parser.add_argument("--problems", type=int, default=8, help="problems to walk through")
+    parser.add_argument(
+        "--model-questions",
+        type=int,
+        default=2,
+        help="questions in the real-model step (default 2)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=4,
+        help="samples per question in the real-model step (default 4)",
+    )
+    parser.add_argument(
+        "--no-model",
+        action="store_true",
+        help="skip the real-model step (reference walkthrough only)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -49,10 +69,23 @@ def run(args: argparse.Namespace) -> int:
         f"[data] demo dataset: {len(train)} train problems; step 0 draws "
         f"{len(batch)} questions (seed {config.data.seed})"
     )
+    if args.problems <= 0 or args.model_questions <= 0 or args.group_size <= 0:
+        raise ConfigError("--problems, --model-questions and --group-size must be >= 1")
     report = reference_walkthrough(config, batch[: args.problems], log=print)
     print(
-        f"[done] {report.correct}/{report.total} reference trajectories scored +1, "
+        f"[reference] {report.correct}/{report.total} reference trajectories scored +1, "
         f"{report.tool_calls} tool calls executed, {report.tokens} tokens built "
         f"in {time.monotonic() - started:.1f}s"
     )
-    return 0 if report.correct == report.total else 1
+    if report.correct != report.total:
+        return 1
+    if not args.no_model:
+        from retool.demo_step import model_step
+
+        step = model_step(config, batch[: args.model_questions], group_size=args.group_size)
+        print(
+            f"[done] one ReTool step: {step.trajectories} trajectories, {step.tool_calls} "
+            f"tool calls, {step.correct} correct, {step.loss_tokens} loss tokens, "
+            f"{step.seconds:.0f}s"
+        )
+    return 0

@@ -53,13 +53,19 @@ class _FrozenHeadLogprobs(torch.autograd.Function):
         out = torch.empty(rows.shape[0], dtype=torch.float32, device=hidden.device)
         direction = torch.empty_like(rows, dtype=torch.float32)
         w = weight.float()
+        # One logits buffer for every chunk: fresh 200 MB blocks per chunk would each
+        # be faulted in and zeroed by the kernel.
+        logits = torch.empty(
+            min(chunk, rows.shape[0]), w.shape[0], dtype=torch.float32, device=hidden.device
+        )
         for start in range(0, rows.shape[0], chunk):
             h = rows[start : start + chunk].float()
             t = flat_targets[start : start + chunk]
-            logits = h @ w.T
-            logsumexp = torch.logsumexp(logits, dim=-1)
-            out[start : start + chunk] = logits.gather(1, t.unsqueeze(1)).squeeze(1) - logsumexp
-            probs = torch.exp(logits.sub_(logsumexp.unsqueeze(1)))
+            buffer = logits[: h.shape[0]]
+            torch.matmul(h, w.T, out=buffer)
+            logsumexp = torch.logsumexp(buffer, dim=-1)
+            out[start : start + chunk] = buffer.gather(1, t.unsqueeze(1)).squeeze(1) - logsumexp
+            probs = buffer.sub_(logsumexp.unsqueeze(1)).exp_()
             direction[start : start + chunk] = w[t] - probs @ w
         ctx.save_for_backward(direction)
         ctx.shape, ctx.dtype = hidden.shape, hidden.dtype

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from retool.backends.local.lora_fast import use_lean_lora_forward
 from retool.backends.local.losses import LOSS_NAMES, chunked_target_logprobs, compute_loss
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.errors import BackendError
@@ -99,7 +100,7 @@ class LocalTrainingClient:
         checkpoint_root: Path,
         max_context_tokens: int = 8192,
         gradient_checkpointing: bool = True,
-        recompute_fraction: float = 1 / 3,
+        recompute_fraction: float = 0.1,
         logits_chunk_tokens: int = 1024,
     ) -> None:
         self.model = model
@@ -117,6 +118,7 @@ class LocalTrainingClient:
         self._optimizer: torch.optim.AdamW | None = None
         if gradient_checkpointing:
             recompute_layers(self._causal_lm(), recompute_fraction)
+        use_lean_lora_forward(self.model)
         self.model.train()
 
     # -- model plumbing -------------------------------------------------------
