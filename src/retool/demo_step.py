@@ -15,9 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from retool.config import RunConfig
 from retool.data.demo import DemoProblem
+from retool.demo_pipeline import write_call
 from retool.protocol import ParseKind, get_protocol
 from retool.reward import score_many
 from retool.sandbox import LocalSandbox, format_tool_content
@@ -74,10 +76,64 @@ def build_datum(trajectory: DemoTrajectory) -> Datum:
     )
 
 
+def demonstration(dialect: Any, tokenizer: Any, problem: DemoProblem, output: str) -> Datum:
+    """A cold-start example: the reference call, its real output, the boxed answer.
+
+    Only the two assistant turns carry weight 1; the prompt and the observation
+    are context. Built with the same continuation as a rollout, so what the
+    model learns to write is exactly what the sampler will be asked to produce.
+    """
+    messages = dialect.initial_messages(problem.question, tokenizer)
+    prompt = dialect.render_prompt(tokenizer, messages)
+    call = tokenizer.encode(write_call(dialect.name, problem.solution), add_special_tokens=False)
+    follow = dialect.continuation(
+        tokenizer, messages, prompt, call, dialect.tool_message("demo", output)
+    )
+    text = f"The result is {output.strip()}.\n\\boxed{{{output.strip()}}}"
+    answer = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    tokens = follow + answer
+    observation = len(follow) - len(prompt) - len(call)
+    weights = [0.0] * len(prompt) + [1.0] * len(call) + [0.0] * observation + [1.0] * len(answer)
+    return Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {
+            "target_tokens": TensorData.from_list(tokens[1:], "int64"),
+            "weights": TensorData.from_list(weights[1:]),
+        },
+    )
+
+
+def cold_start(
+    trainer: Any,
+    config: RunConfig,
+    problems: Sequence[DemoProblem],
+    steps: int,
+    log: Callable[[str], None],
+) -> None:
+    """A few supervised steps on reference demonstrations (ReTool's cold start)."""
+    dialect = get_protocol(config.rollout.protocol)
+    tokenizer = trainer.get_tokenizer()
+    with LocalSandbox(timeout=config.sandbox.timeout, max_workers=2) as sandbox:
+        datums = [
+            demonstration(dialect, tokenizer, p, format_tool_content(sandbox.run(p.solution)))
+            for p in problems
+        ]
+    for step in range(steps):
+        out = trainer.forward_backward(datums, "cross_entropy").result()
+        trainer.optim_step(AdamParams(learning_rate=2e-3, grad_clip_norm=1.0)).result()
+        tokens = out.metrics["loss_tokens"]
+        log(
+            f"[cold-start] step {step + 1}/{steps}: {len(datums)} demonstrations, "
+            f"mean NLL {out.metrics['loss:sum'] / tokens:.3f} over {tokens:.0f} assistant tokens"
+        )
+
+
 def model_step(
     config: RunConfig,
     problems: Sequence[DemoProblem],
     group_size: int = 4,
+    demonstrations: Sequence[DemoProblem] = (),
+    cold_start_steps: int = 0,
     log: Callable[[str], None] = print,
 ) -> StepReport:
     from retool.backends.local import LocalServiceClient
@@ -89,6 +145,8 @@ def model_step(
         config.model.base_model, rank=config.model.lora_rank or 8, seed=0
     )
     tokenizer = trainer.get_tokenizer()
+    if demonstrations and cold_start_steps:
+        cold_start(trainer, config, demonstrations, cold_start_steps, log)
     sampler = trainer.save_weights_and_get_sampling_client()
     stop = dialect.stop_sequences(tokenizer)
     log(

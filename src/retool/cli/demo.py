@@ -39,14 +39,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model-questions",
         type=int,
-        default=2,
-        help="questions in the real-model step (default 2)",
+        default=4,
+        help="questions in the real-model step (default 4)",
     )
     parser.add_argument(
         "--group-size",
         type=int,
         default=4,
         help="samples per question in the real-model step (default 4)",
+    )
+    parser.add_argument(
+        "--cold-start-steps",
+        type=int,
+        default=3,
+        help="supervised steps on reference demonstrations first (default 3)",
     )
     parser.add_argument(
         "--no-model",
@@ -82,7 +88,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_model:
         from retool.demo_step import model_step
 
-        step = model_step(config, batch[: args.model_questions], group_size=args.group_size)
+        demos = [p for p in demo_problems("train") if p not in batch][:12]
+        step = model_step(
+            config,
+            batch[: args.model_questions],
+            group_size=args.group_size,
+            demonstrations=demos,
+            cold_start_steps=args.cold_start_steps,
+        )
         print(
             f"[done] one ReTool step: {step.trajectories} trajectories, {step.tool_calls} "
             f"tool calls, {step.correct} correct, {step.loss_tokens} loss tokens, "
