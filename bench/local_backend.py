@@ -166,6 +166,7 @@ def training_child(variant: str) -> None:
         from peft import LoraConfig, get_peft_model
 
         from retool.backends.local.models import load_model
+        from retool.backends.local.training import DEFAULT_TARGET_MODULES
 
         model = get_peft_model(
             load_model(MODEL),
@@ -174,15 +175,7 @@ def training_child(variant: str) -> None:
                 lora_alpha=32,
                 lora_dropout=0.0,
                 task_type="CAUSAL_LM",
-                target_modules=[
-                    "q_proj",
-                    "k_proj",
-                    "v_proj",
-                    "o_proj",
-                    "gate_proj",
-                    "up_proj",
-                    "down_proj",
-                ],
+                target_modules=list(DEFAULT_TARGET_MODULES),
             ),
         )
         model.train()

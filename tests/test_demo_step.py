@@ -20,8 +20,7 @@ def test_datum_matches_the_reference_worked_example():
 
 
 def test_datum_refuses_a_prompt_that_rewrites_history():
-    trajectory = DemoTrajectory(0, [[1, 2], [1, 9, 5]], [[3], [4]], [[-0.1], [-0.2]],
-                                advantage=1.0)
+    trajectory = DemoTrajectory(0, [[1, 2], [1, 9, 5]], [[3], [4]], [[-0.1], [-0.2]], advantage=1.0)
     with pytest.raises(ValueError, match="does not extend"):
         build_datum(trajectory)
 
@@ -31,12 +30,19 @@ def test_model_step_runs_end_to_end_on_the_tiny_model(tmp_path):
     from retool.data.demo import demo_problems
     from retool.demo_step import model_step
 
-    config = load_config(None, ["model.base_model=tiny-random", "model.lora_rank=4",
-                                f"train.run_dir={tmp_path}"])
+    config = load_config(
+        None, ["model.base_model=tiny-random", "model.lora_rank=4", f"train.run_dir={tmp_path}"]
+    )
     lines = []
     problems = demo_problems("dev")
-    report = model_step(config, problems[:2], group_size=2, demonstrations=problems[2:4],
-                        cold_start_steps=1, log=lines.append)
+    report = model_step(
+        config,
+        problems[:2],
+        group_size=2,
+        demonstrations=problems[2:4],
+        cold_start_steps=1,
+        log=lines.append,
+    )
     assert report.trajectories == 4
     assert any(line.startswith("[cold-start] step 1/1") for line in lines)
     assert any(line.startswith("[train]") for line in lines)

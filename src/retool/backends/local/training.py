@@ -207,23 +207,30 @@ class LocalTrainingClient:
         return ForwardBackwardOutput(tuple(per_datum), metrics)
 
     # -- the contract ---------------------------------------------------------
-    def forward(
-        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    def _call(
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        config: Mapping[str, float] | None,
+        backward: bool,
     ) -> Future[ForwardBackwardOutput]:
         def run() -> ForwardBackwardOutput:
             with self._lock:
-                return self._run(data, loss_fn, loss_fn_config, backward=False)
+                return self._run(data, loss_fn, config, backward=backward)
 
         return Future.run(run)
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
+    ) -> Future[ForwardBackwardOutput]:
+        """Per-datum logprobs and loss metrics, without gradients."""
+        return self._call(data, loss_fn, loss_fn_config, backward=False)
 
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
     ) -> Future[ForwardBackwardOutput]:
-        def run() -> ForwardBackwardOutput:
-            with self._lock:
-                return self._run(data, loss_fn, loss_fn_config, backward=True)
-
-        return Future.run(run)
+        """As ``forward``, and add this call's gradients to the accumulated ones."""
+        return self._call(data, loss_fn, loss_fn_config, backward=True)
 
     def _ensure_optimizer(self, params: AdamParams) -> torch.optim.AdamW:
         if self._optimizer is None:
