@@ -180,3 +180,22 @@ def test_clear_errors(lora):
         lora.forward_backward(DATA, "cross_entropy").result()
     with pytest.raises(BackendError, match="not a retool checkpoint"):
         lora.load_state("/nonexistent").result()
+
+
+def test_failed_save_leaves_no_partial_checkpoint(lora, monkeypatch):
+    import safetensors.torch
+
+    root = lora.checkpoint_root / "state"
+    good = lora.save_state("kept").result().path
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        lora.save_state("kept").result()
+    with pytest.raises(OSError, match="disk full"):
+        lora.save_state("never").result()
+    assert not (root / "never").exists()
+    assert (root / "kept" / "retool_state.json").exists() and good.endswith("kept")
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]

@@ -15,6 +15,7 @@ the next step is the one that would have happened without the interruption.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -22,7 +23,7 @@ import random
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,21 +72,27 @@ class LoraSpec:
     target_modules: tuple[str, ...]  # module names that get an adapter
 
 
-def atomic_directory(final: Path) -> tuple[Path, Any]:
-    """A temporary sibling of ``final`` and a function that renames it into place."""
+@contextlib.contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of ``final``; rename it into place if the block succeeds.
+
+    A failure (or a crash) leaves ``final`` as it was: either the previous
+    complete checkpoint or nothing.
+    """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
-
-    def commit() -> None:
-        trash = None
-        if final.exists():
-            trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.rename(final, trash)
-        os.rename(tmp, final)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-
-    return tmp, commit
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    trash = None
+    if final.exists():
+        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.rename(final, trash)
+    os.rename(tmp, final)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 class LocalTrainingClient:
@@ -282,8 +289,7 @@ class LocalTrainingClient:
 
             with self._lock:
                 final = self.checkpoint_root / "state" / name
-                tmp, commit = atomic_directory(final)
-                try:
+                with atomic_directory(final) as tmp:
                     save_file(self.trainable_state(), str(tmp / "trainable.safetensors"))
                     optimizer = self._optimizer.state_dict() if self._optimizer else None
                     torch.save(
@@ -303,10 +309,6 @@ class LocalTrainingClient:
                         "max_context_tokens": self.max_context_tokens,
                     }
                     (tmp / "retool_state.json").write_text(json.dumps(meta, indent=2))
-                    commit()
-                except BaseException:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise
                 return SaveStateOutput(str(final))
 
         return Future.run(run)
@@ -362,8 +364,7 @@ class LocalTrainingClient:
 
         def run() -> SaveStateOutput:
             final = self.checkpoint_root / "sampler" / name
-            tmp, commit = atomic_directory(final)
-            try:
+            with atomic_directory(final) as tmp:
                 if merge or self.lora is None:
                     self._snapshot_model().save_pretrained(tmp, safe_serialization=True)
                     self.tokenizer.save_pretrained(tmp)
@@ -375,10 +376,6 @@ class LocalTrainingClient:
                         {"base_model": self.base_model, "merged": bool(merge or self.lora is None)}
                     )
                 )
-                commit()
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
             return SaveStateOutput(str(final))
 
         return Future.run(run)
