@@ -139,3 +139,51 @@ def test_bad_requests_fail_cleanly(sampler):
         sampler.sample(ModelInput.from_ints(PROMPT), 0, SamplingParams()).result()
     with pytest.raises(ValueError, match="max_context_tokens"):
         sampler.sample(ModelInput.from_ints(PROMPT), 1, SamplingParams(max_tokens=9000)).result()
+
+
+def test_clients_satisfy_the_contract(service, sampler):
+    from retool.types import SamplingClient, ServiceClient, TrainingClient
+
+    assert isinstance(service, ServiceClient)
+    assert isinstance(sampler, SamplingClient)
+    assert isinstance(service.create_lora_training_client("tiny-random", rank=2), TrainingClient)
+
+
+def test_top_k_one_is_greedy(sampler):
+    greedy = _sample(sampler, PROMPT, max_tokens=12, temperature=0.0).sequences[0]
+    top1 = _sample(sampler, PROMPT, max_tokens=12, temperature=1.0, top_k=1, seed=3).sequences[0]
+    assert greedy.tokens == top1.tokens
+
+
+def test_num_samples_share_one_prefill(service):
+    client = service.create_sampling_client(base_model="tiny-random")
+    try:
+        prompt = list(range(300, 340))
+        _sample(client, prompt, n=4, max_tokens=3, seed=1)
+        assert client.prefix_stats().tokens_prefilled == len(prompt)  # once, not 4 times
+    finally:
+        client.close()
+
+
+def test_request_joins_a_running_batch(service):
+    import time
+
+    client = service.create_sampling_client(base_model="tiny-random")
+    try:
+        engine = client.engine
+        alone = _sample(client, PROMPT[:12], max_tokens=20, temperature=0.0).sequences[0]
+        start = engine.steps
+        long_run = client.sample(
+            ModelInput.from_ints(PROMPT), 1, SamplingParams(max_tokens=400, temperature=0.0)
+        )
+        deadline = time.monotonic() + 60
+        while engine.steps < start + 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        joined = _sample(client, PROMPT[:12], max_tokens=20, temperature=0.0).sequences[0]
+        assert not long_run.done()  # the short request finished inside the long one
+        long_run.result(120)
+        assert engine.steps - start == 399  # the joined rows cost no extra steps
+        assert joined.tokens == alone.tokens
+        assert max(abs(a - b) for a, b in zip(joined.logprobs, alone.logprobs, strict=True)) < 1e-4
+    finally:
+        client.close()

@@ -130,3 +130,19 @@ def test_strict_gets_full_isolation_here():
 def test_bad_settings(kwargs):
     with pytest.raises(ConfigError):
         LocalSandbox(**kwargs)
+
+
+def test_server_dying_while_preloading_falls_back_to_fresh_mode(monkeypatch):
+    from retool.errors import SandboxError
+
+    real = LocalSandbox._spawn_server
+
+    def flaky(self, preload):
+        if preload:
+            raise SandboxError("the sandbox server failed to start")
+        return real(self, preload)
+
+    monkeypatch.setattr(LocalSandbox, "_spawn_server", flaky)
+    with LocalSandbox(max_workers=1, timeout=10) as sb:
+        assert sb.preload == () and sb.preloaded == []
+        assert sb.run("import sympy\nprint(sympy.isprime(97))").stdout == "True\n"

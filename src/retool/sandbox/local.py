@@ -120,6 +120,26 @@ class LocalSandbox:
 
     # -- server lifecycle -----------------------------------------------------
     def _start_server(self) -> None:
+        """Start the fork server; if it dies while preloading, fall back to fresh mode.
+
+        Fresh-interpreter mode (no preload) runs every call in a new interpreter
+        under the same isolation: slower, but it needs nothing from the server's
+        memory, so a module that crashes on import cannot take the sandbox down.
+        """
+        try:
+            self._spawn_server(self.preload)
+        except SandboxError:
+            if not self.preload:
+                raise
+            log.warning(
+                "the sandbox server died while preloading %s; running every call in a "
+                "fresh interpreter instead",
+                ", ".join(self.preload),
+            )
+            self.preload = ()
+            self._spawn_server(())
+
+    def _spawn_server(self, preload: Sequence[str]) -> None:
         self._dir = tempfile.mkdtemp(prefix="retool-sandbox-")
         os.chmod(self._dir, 0o711)  # sandbox uids must reach the per-call root mount point
         server = subprocess.Popen(
@@ -130,7 +150,7 @@ class LocalSandbox:
                 "--dir",
                 self._dir,
                 "--preload",
-                ",".join(self.preload),
+                ",".join(preload),
                 "--isolation",
                 self.isolation,
             ],
@@ -146,6 +166,7 @@ class LocalSandbox:
         if not line:
             server.kill()
             server.wait()
+            shutil.rmtree(self._dir, ignore_errors=True)
             raise SandboxError("the sandbox server failed to start")
         ready = json.loads(line)
         level = IsolationLevel(ready["level"])
