@@ -19,6 +19,7 @@ of hanging a worker pool or crashing at datum-build time, as the reference did.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -32,12 +33,19 @@ from retool.errors import ConfigError
 C = TypeVar("C")
 
 
+def _finite(section: str, name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{section}.{name} must be a finite number, got {value}")
+
+
 def _positive(section: str, name: str, value: float) -> None:
+    _finite(section, name, value)
     if value <= 0:
         raise ConfigError(f"{section}.{name} must be > 0, got {value}")
 
 
 def _at_least(section: str, name: str, value: float, low: float) -> None:
+    _finite(section, name, value)
     if value < low:
         raise ConfigError(f"{section}.{name} must be >= {low}, got {value}")
 
@@ -85,8 +93,16 @@ class RolloutConfig:
     max_tool_response_tokens: int = 512  # tokens of one observation
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     top_p: float = 1.0  # nucleus mass, in (0, 1]
-    seed: int = 42  # base sampling seed; combined with the training step
+    seed: int = 42  # base sampling seed; mixed with step, question, group and turn
     protocol: str = "markdown"  # tool-call dialect: markdown | hermes_json | qwen3_xml
+    min_observation_tokens: int = 32  # room kept free before a turn so a call can be answered
+    max_in_flight_samples: int = 64  # sampled sequences requested at once (a group counts G)
+    max_in_flight_tools: int = 16  # sandbox calls submitted at once
+    sample_retries: int = 2  # extra attempts after a sampler failure (exception, bad reply)
+    sandbox_retries: int = 2  # extra attempts after a sandbox infrastructure failure
+    retry_backoff: float = 0.5  # seconds before the first retry; doubles each attempt
+    advantage: str = "mean"  # mean: R - mean(group) | mean_std: (R - mean) / (std + 1e-6)
+    share_identical_code: bool = False  # run identical code of one question group once
 
     def __post_init__(self) -> None:
         for name in (
@@ -107,6 +123,20 @@ class RolloutConfig:
             raise ConfigError(
                 f"rollout.max_tool_response_tokens ({self.max_tool_response_tokens}) must be <= "
                 f"rollout.max_trajectory_tokens ({self.max_trajectory_tokens})"
+            )
+        for name in ("max_in_flight_samples", "max_in_flight_tools"):
+            _positive("rollout", name, getattr(self, name))
+        for name in ("sample_retries", "sandbox_retries", "min_observation_tokens"):
+            _at_least("rollout", name, getattr(self, name), 0)
+        _at_least("rollout", "retry_backoff", self.retry_backoff, 0)
+        if self.min_observation_tokens > self.max_tool_response_tokens:
+            raise ConfigError(
+                f"rollout.min_observation_tokens ({self.min_observation_tokens}) must be <= "
+                f"rollout.max_tool_response_tokens ({self.max_tool_response_tokens})"
+            )
+        if self.advantage not in ("mean", "mean_std"):
+            raise ConfigError(
+                f"rollout.advantage must be mean or mean_std; got {self.advantage!r}"
             )
         _at_least("rollout", "temperature", self.temperature, 0)
         if not 0 < self.top_p <= 1:

@@ -1,0 +1,103 @@
+"""What one rollout batch returns, and its metrics.
+
+``RolloutResult.metrics()`` is a flat ``{name: float}`` for trackers. Rates
+over trajectories are over the *included* ones (excluded trajectories have no
+reward); ``stop/<reason>`` fractions are over all of them, so they add to 1.
+The sandbox numbers are the window of this batch only (the reference logged
+cumulative rates as if they were per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from retool.rollout.types import StopReason, Trajectory
+
+
+@dataclass
+class RolloutCounters:
+    """Events counted while the batch ran."""
+
+    sample_requests: int = 0  # sampler calls made, retries included
+    sample_retries: int = 0  # sampler calls repeated after a failure
+    sampler_failures: int = 0  # requests that failed every attempt
+    sandbox_retries: int = 0  # sandbox calls repeated after an infrastructure failure
+    sandbox_failures: int = 0  # calls that failed every attempt
+    tool_executions: int = 0  # sandbox calls made, retries included
+    shared_code_hits: int = 0  # tool calls answered from identical code of the group
+    text_mismatches: int = 0  # sampler text differed from the decode of its tokens
+    text_missing: int = 0  # sampler returned no text (decoded from the tokens)
+    reward_timeouts: int = 0  # equivalence checks cut at their deadline
+    sampled_tokens: int = 0  # completion tokens received
+    skipped_questions: int = 0  # questions whose first prompt did not fit
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+@dataclass
+class RolloutResult:
+    """``num_questions x group_size`` trajectories in (question, group) order."""
+
+    trajectories: list[Trajectory]
+    group_size: int
+    num_questions: int
+    wall_seconds: float
+    counters: RolloutCounters = field(default_factory=RolloutCounters)
+    sandbox: dict[str, float] = field(default_factory=dict)  # this batch's window
+
+    @property
+    def included(self) -> list[Trajectory]:
+        return [t for t in self.trajectories if not t.excluded]
+
+    def groups(self) -> list[list[Trajectory]]:
+        """The trajectories of each question slot, in order."""
+        g = self.group_size
+        return [self.trajectories[i * g : (i + 1) * g] for i in range(self.num_questions)]
+
+    def degenerate_groups(self) -> int:
+        """Questions that give no learning signal: fewer than two included
+        trajectories, or every included reward equal (all right or all wrong)."""
+        count = 0
+        for members in self.groups():
+            rewards = {t.reward for t in members if not t.excluded}
+            included = sum(not t.excluded for t in members)
+            count += included < 2 or len(rewards) <= 1
+        return count
+
+    def metrics(self) -> dict[str, float]:
+        trajectories = self.trajectories
+        included = self.included
+        total = max(len(trajectories), 1)
+        turns = [t for tr in included for t in tr.turns]
+        call_attempts = sum(t.parse_kind in ("tool", "invalid") for t in turns)
+        code_calls = sum(t.code_calls for t in included)
+        metrics: dict[str, float] = {
+            "reward/mean": _mean([t.reward for t in included]),
+            "reward/correct": _mean([float(t.correct) for t in included]),
+            "reward/format": _mean([float(t.valid_format) for t in included]),
+            "rollout/trajectories": float(len(trajectories)),
+            "rollout/excluded": float(len(trajectories) - len(included)),
+            "rollout/turns": _mean([float(len(t.turns)) for t in included]),
+            "rollout/code_calls": _mean([float(t.code_calls) for t in included]),
+            "rollout/trajectory_tokens": _mean([float(t.total_tokens) for t in included]),
+            "rollout/valid_tool_call_rate": code_calls / call_attempts if call_attempts else 0.0,
+            "rollout/degenerate_group_rate": (
+                self.degenerate_groups() / self.num_questions if self.num_questions else 0.0
+            ),
+            "rollout/sampled_tokens": float(self.counters.sampled_tokens),
+            "rollout/tokens_per_s": (
+                self.counters.sampled_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+            ),
+            "rollout/wall_s": self.wall_seconds,
+        }
+        for name, value in asdict(self.counters).items():
+            if name != "sampled_tokens":
+                metrics[f"rollout/{name}"] = float(value)
+        for reason in StopReason:
+            count = sum(t.stop_reason == reason for t in trajectories)
+            metrics[f"stop/{reason.value}"] = count / total
+        for name, value in self.sandbox.items():
+            metrics[f"sandbox/{name}"] = float(value)
+        return metrics
