@@ -7,6 +7,12 @@ import json
 import sys
 
 from retool.errors import ConfigError
+from retool.protocol.sanitize import escape_control
+
+
+def _say(text: str, end: str = "\n") -> None:
+    """Print to the terminal with control characters escaped (no ESC/CR tricks)."""
+    print(escape_control(text), end=end)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,9 +70,9 @@ def _exec(args: argparse.Namespace) -> int:
     ) as sandbox:
         result = sandbox.run(code)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps(result.to_dict()))  # json.dumps escapes control characters
     else:
-        print(format_tool_content(result, args.timeout), end="")
+        _say(format_tool_content(result, args.timeout), end="")
     return 0 if result.ok else 1
 
 
@@ -80,17 +86,17 @@ def _check(args: argparse.Namespace) -> int:
             " timeout=1)\n    print('network: reachable')\nexcept OSError:\n"
             "    print('network: none')\nprint('uid:', os.getuid())"
         )
-    print(f"isolation level: {level}")
-    print(f"preloaded: {', '.join(sandbox.preloaded) or 'nothing (fresh interpreter per call)'}")
+    _say(f"isolation level: {level}")
+    _say(f"preloaded: {', '.join(sandbox.preloaded) or 'nothing (fresh interpreter per call)'}")
     for line in probe.stdout.strip().splitlines():
-        print(f"probe {line}")
+        _say(f"probe {line}")
     if level == IsolationLevel.FULL:
-        print(
+        _say(
             "full isolation: mount, PID, IPC, UTS and network namespaces; read-only root; "
             "private /tmp and /dev/shm; unprivileged uid; no_new_privs; rlimits"
         )
     for item in sandbox.missing:
-        print(f"missing: {item}")
+        _say(f"missing: {item}")
     return 0 if level == IsolationLevel.FULL else 1
 
 

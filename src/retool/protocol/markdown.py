@@ -20,6 +20,7 @@ import re
 from retool.protocol.base import Message, ParsedAssistant, ParseKind, ToolDialect
 
 _FENCE_RE = re.compile(r"^[ \t]*```[ \t]*(?P<lang>[A-Za-z0-9_+-]*)[ \t]*$", re.MULTILINE)
+_BACKTICKS_RE = re.compile(r"`+")
 _PYTHON = {"python", "py", "python3"}
 
 
@@ -79,5 +80,14 @@ class MarkdownDialect(ToolDialect):
         return ("```\n",)
 
     def tool_message(self, call_id: str, content: str) -> Message:
+        """The observation in a fence that printed text cannot close.
+
+        CommonMark closes a fence only with a run of backticks at least as long
+        as the opening one, so the fence is one backtick longer than the longest
+        run in the content (three at least).
+        """
         del call_id  # a plain user turn has nowhere to carry it
-        return {"role": "user", "content": f"```output\n{content.rstrip()}\n```"}
+        body = content.rstrip()
+        longest = max((len(run) for run in _BACKTICKS_RE.findall(body)), default=0)
+        fence = "`" * max(3, longest + 1)
+        return {"role": "user", "content": f"{fence}output\n{body}\n{fence}"}
