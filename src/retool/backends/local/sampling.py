@@ -60,6 +60,11 @@ class LocalSamplingClient:
 
         return Future.run(run)
 
+    @property
+    def max_context_tokens(self) -> int:
+        """Longest prompt + completion this client accepts (checked by the rollout)."""
+        return self.engine.max_context_tokens
+
     def prefix_stats(self) -> PrefixStats:
         return self.engine.prefix_stats()
 
