@@ -1,1 +1,33 @@
-"""Model backends. Each implements the contract in :mod:`retool.types`."""
+"""Model backends. Each implements the contract in :mod:`retool.types`.
+
+:func:`service_client` is the one place that turns ``model.backend`` into a
+service client, so commands never branch on the backend themselves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from retool.config import ModelConfig
+from retool.errors import ConfigError
+
+
+def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints") -> Any:
+    """A service client for ``model.backend`` (only ``local`` is available so far)."""
+    if model.backend == "local":
+        from retool.backends.local import LocalServiceClient
+
+        return LocalServiceClient(
+            device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root
+        )
+    raise ConfigError(
+        f'model.backend = {model.backend!r} has no adapter yet; use model.backend = "local"'
+    )
+
+
+def open_sampling_client(service: Any, model: str) -> Any:
+    """A sampling client for ``model``: saved sampler weights, or a base model name."""
+    if (Path(model) / "retool_sampler.json").is_file():
+        return service.create_sampling_client(model_path=model)
+    return service.create_sampling_client(base_model=model)

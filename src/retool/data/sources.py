@@ -1,0 +1,20 @@
+"""Dataset specs as users write them: ``demo``, ``demo:<split>`` or a file path.
+
+``demo`` alone is the bundled demo *test* split (the held-out one used for
+evaluation); ``demo:train`` and ``demo:dev`` name the others. Anything else is
+a ``.jsonl`` / ``.parquet`` file read by :func:`load_examples`.
+"""
+
+from __future__ import annotations
+
+from retool.data.examples import MathExample, load_examples
+
+
+def load_dataset(spec: str) -> list[MathExample]:
+    """The examples ``spec`` names (see the module docstring)."""
+    if spec == "demo" or spec.startswith("demo:"):
+        from retool.data.demo import demo_examples
+
+        split = spec.partition(":")[2] or "test"
+        return demo_examples(split)
+    return load_examples(spec)
