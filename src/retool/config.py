@@ -135,9 +135,7 @@ class RolloutConfig:
                 f"rollout.max_tool_response_tokens ({self.max_tool_response_tokens})"
             )
         if self.advantage not in ("mean", "mean_std"):
-            raise ConfigError(
-                f"rollout.advantage must be mean or mean_std; got {self.advantage!r}"
-            )
+            raise ConfigError(f"rollout.advantage must be mean or mean_std; got {self.advantage!r}")
         _at_least("rollout", "temperature", self.temperature, 0)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
