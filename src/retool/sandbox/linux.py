@@ -81,3 +81,38 @@ def prctl(option: int, arg: int) -> None:
         ),
         "prctl",
     )
+
+
+_SYSCALLS = {
+    "x86_64": {"keyctl": 250, "capset": 126},
+    "aarch64": {"keyctl": 219, "capset": 91},
+}.get(platform.machine(), {})
+KEYCTL_JOIN_SESSION_KEYRING = 1
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+# NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (off), NO_CAP_AMBIENT_RAISE, each locked.
+SECUREBITS_LOCKED_DOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+
+def _syscall(name: str, *args: object) -> None:
+    if name not in _SYSCALLS:
+        raise OSError(38, f"{name}: unsupported machine {platform.machine()}")
+    _check(0 if _libc.syscall(ctypes.c_long(_SYSCALLS[name]), *args) >= 0 else -1, name)
+
+
+def join_new_session_keyring() -> None:
+    """Replace the inherited session keyring with a fresh anonymous one."""
+    _syscall("keyctl", ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_void_p(None))
+
+
+def drop_all_capabilities() -> None:
+    """Give up every capability for good (root in a user namespace included)."""
+    prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED_DOWN)
+    for cap in range(64):
+        try:
+            prctl(PR_CAPBSET_DROP, cap)
+        except OSError:
+            break  # EINVAL past the last capability this kernel knows
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable} sets, zero
+    _syscall("capset", header, data)

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import select
 import shutil
 import socket
 import subprocess
@@ -48,6 +49,59 @@ _THREAD_CAPS = (
 )
 
 
+# The server's own code, copied out of the package: the server imports nothing
+# else of ours, so nothing of retool (data, answers) is importable in a call.
+_RUNTIME_MODULES = ("server", "linux", "seccomp", "cgroups", "autoprint")
+_RUNTIME_PACKAGE = "retool_sandbox_rt"
+_SERVER_BOOT = (
+    "import sys; sys.path += sys.argv.pop(1).split(':'); "
+    f"from {_RUNTIME_PACKAGE}.server import main; main()"
+)
+
+
+def _install_runtime(workdir: str) -> str:
+    """Copy the server's modules into ``workdir``; the server's explicit import path.
+
+    The path is the runtime copy plus the site-packages directories (preloaded
+    libraries), never the trainer's cwd, ``PYTHONPATH`` or our source tree.
+    """
+    runtime = os.path.join(workdir, "rt")
+    package = os.path.join(runtime, _RUNTIME_PACKAGE)
+    os.makedirs(package, mode=0o755)
+    here = Path(__file__).resolve().parent
+    for name in _RUNTIME_MODULES:
+        shutil.copyfile(here / f"{name}.py", os.path.join(package, f"{name}.py"))
+    Path(package, "__init__.py").write_text('"""retool sandbox runtime (a copy)."""\n')
+    for path in (runtime, package, *Path(package).iterdir()):
+        os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+    sources = {str(here.parents[1]), str(here.parents[2])}
+    sites = [
+        p
+        for p in sys.path
+        if p.rstrip("/").endswith(("site-packages", "dist-packages"))
+        and os.path.isdir(p)
+        and os.path.realpath(p) not in sources
+    ]
+    return ":".join([runtime, *dict.fromkeys(sites)])
+
+
+def _kill_cgroup(directory: str, within: float) -> None:
+    """Kill every process left in a v2 cgroup and wait until it is empty."""
+    deadline = time.monotonic() + within
+    while True:
+        with contextlib.suppress(OSError), open(os.path.join(directory, "cgroup.kill"), "w") as f:
+            f.write("1")
+        try:
+            with open(os.path.join(directory, "cgroup.events")) as handle:
+                if "populated 0" in handle.read():
+                    return
+        except OSError:
+            return  # removed already: empty
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
 class IsolationLevel(StrEnum):
     """How strongly calls are isolated on this machine."""
 
@@ -60,13 +114,11 @@ class IsolationLevel(StrEnum):
 
 def sandbox_env() -> dict[str, str]:
     """The environment of the server and every call: a fixed allowlist."""
-    src = str(Path(__file__).resolve().parents[2])
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "HOME": "/tmp",
-        "PYTHONPATH": src,
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0",
         "MPLBACKEND": "Agg",
@@ -115,6 +167,7 @@ class LocalSandbox:
         self._generation = 0
         self.connections_opened = 0  # handler connections made (at most max_workers live)
         self._dir = ""
+        self._cgroup: dict[str, str] | None = None
         self._closed = False
         self._start_server()
 
@@ -129,7 +182,7 @@ class LocalSandbox:
         try:
             self._spawn_server(self.preload)
         except SandboxError:
-            if not self.preload:
+            if not self.preload or self.isolation == "strict":
                 raise
             log.warning(
                 "the sandbox server died while preloading %s; running every call in a "
@@ -141,22 +194,31 @@ class LocalSandbox:
 
     def _spawn_server(self, preload: Sequence[str]) -> None:
         self._dir = tempfile.mkdtemp(prefix="retool-sandbox-")
-        os.chmod(self._dir, 0o711)  # sandbox uids must reach the per-call root mount point
+        os.chmod(self._dir, 0o711)  # sandbox uids must reach their scratch dirs (basic)
+        boot_path = _install_runtime(self._dir)
         server = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "retool.sandbox.server",
+                "-I",  # no PYTHON* variables, no cwd or script dir on sys.path
+                "-S",  # no site: no .pth file (an editable install) adds our checkout
+                "-c",
+                _SERVER_BOOT,
+                boot_path,
                 "--dir",
                 self._dir,
                 "--preload",
                 ",".join(preload),
                 "--isolation",
                 self.isolation,
+                "--memory-mb",
+                str(self.memory_mb),
+                "--boot-path",
+                boot_path,
             ],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # the lifeline: its end kills every call (reaper)
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            cwd=self._dir,
             env=sandbox_env(),
             close_fds=True,
             start_new_session=True,
@@ -164,18 +226,17 @@ class LocalSandbox:
         assert server.stdout is not None
         line = server.stdout.readline()
         if not line:
-            server.kill()
-            server.wait()
-            shutil.rmtree(self._dir, ignore_errors=True)
+            self._server = server
+            self._stop_server()
             raise SandboxError("the sandbox server failed to start")
         ready = json.loads(line)
         level = IsolationLevel(ready["level"])
         self.missing = list(ready["missing"])
         self.preloaded = list(ready["preloaded"])
+        self._cgroup = ready.get("cgroup")
+        self._server = server
         if self.isolation == "strict" and level != IsolationLevel.FULL:
-            server.kill()
-            server.wait()
-            shutil.rmtree(self._dir, ignore_errors=True)
+            self._stop_server()
             raise SandboxError(
                 "isolation='strict' needs full isolation, but this machine lacks: "
                 + "; ".join(self.missing)
@@ -187,7 +248,6 @@ class LocalSandbox:
                 "; ".join(self.missing),
             )
         self.isolation_level = level
-        self._server = server
         self._generation += 1
 
     def _restart(self, generation: int) -> None:
@@ -198,38 +258,63 @@ class LocalSandbox:
             self._start_server()
 
     def _stop_server(self) -> None:
+        """Kill the server and every call it runs; wait until they are all gone."""
         while True:
             try:
                 _, conn = self._idle.get_nowait()
             except queue.Empty:
                 break
             conn.close()
-        if self._server is not None:
-            self._server.kill()
-            self._server.wait()
-            if self._server.stdout is not None:
-                self._server.stdout.close()
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            if server.stdin is not None:
+                server.stdin.close()  # the reaper kills the instance's cgroup whole
+            server.kill()
+            server.wait()
+            if server.stdout is not None:
+                server.stdout.close()
+        cgroup_dir = (self._cgroup or {}).get("v2")
+        if cgroup_dir:
+            _kill_cgroup(cgroup_dir, within=2.0)
+        self._cgroup = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    def _server_alive(self) -> bool:
+        return self._server is not None and self._server.poll() is None
+
     def _connect(self) -> tuple[int, socket.socket]:
-        try:
-            generation, conn = self._idle.get_nowait()
-            if generation == self._generation:
+        while True:
+            try:
+                generation, conn = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            # A handler never speaks first: a readable idle connection is a dead one.
+            if generation == self._generation and not select.select([conn], [], [], 0)[0]:
                 return generation, conn
             conn.close()
-        except queue.Empty:
-            pass
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(os.path.join(self._dir, "server.sock"))
+        try:
+            conn.connect(os.path.join(self._dir, "sock", "server.sock"))
+        except OSError:
+            conn.close()
+            raise
         self.connections_opened += 1
         return self._generation, conn
 
-    # -- running code ---------------------------------------------------------
-    def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` and wait for its result (at most the timeout plus set-up)."""
+    def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("the sandbox is closed")
+
+    # -- running code ---------------------------------------------------------
+    def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` and wait for its result (at most the timeout plus set-up).
+
+        The code is delivered at most once: if the connection or the server
+        fails after it was sent, the call fails with ``ErrorKind.SANDBOX`` and
+        is never run again behind the caller's back. Raises ``SandboxError``
+        after (or during) ``close()``.
+        """
+        self._check_open()
         limit = self.timeout if timeout is None else float(timeout)
         if limit <= 0:
             raise ConfigError(f"sandbox timeout must be > 0 seconds, got {limit}")
@@ -240,68 +325,97 @@ class LocalSandbox:
             "max_output_bytes": self.max_output_bytes,
         }
         with self._slots:
+            self._check_open()
             started = time.monotonic()
-            reply = None
-            for _attempt in range(2):
+            reply, failure = None, ""
+            for attempt in range(2):
                 generation, conn = self._connect_or_restart()
                 try:
                     conn.settimeout(limit + 60)
                     send_frame(conn, request)
-                    reply = recv_frame(conn)
                 except OSError:
+                    conn.close()  # not delivered (a dead handler): one more connection
+                    if attempt == 0:
+                        continue
+                    failure = "could not deliver the code to the sandbox"
+                    break
+                try:
+                    reply = recv_frame(conn)
+                except (OSError, ValueError):
                     reply = None
                 if reply is not None:
                     self._idle.put((generation, conn))
-                    break
-                conn.close()
-                self._restart(generation)  # the server or its handler died
+                else:
+                    conn.close()
+                    self._check_open()  # closed while it ran
+                    failure = "the sandbox handler died during this call"
+                    if not self._server_alive():
+                        failure = "the sandbox server died during this call"
+                        self._restart(generation)  # for later calls; this one is not re-run
+                break
             latency = time.monotonic() - started
-        result = self._to_result(reply, latency)
+        result = self._to_result(reply, latency, failure)
         self.stats.record(result)
         return result
 
     def _connect_or_restart(self) -> tuple[int, socket.socket]:
+        if not self._server_alive():  # nothing delivered yet: a new server is safe
+            self._check_open()
+            self._restart(self._generation)
         try:
             return self._connect()
         except OSError:
+            self._check_open()
+            if self._server_alive():
+                raise SandboxError("cannot connect to the sandbox server") from None
             self._restart(self._generation)
-            return self._connect()
+            try:
+                return self._connect()
+            except OSError as exc:
+                self._check_open()
+                raise SandboxError(f"cannot connect to the sandbox server: {exc}") from None
 
     async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
         """``run`` from an event loop, without blocking it."""
+        self._check_open()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.run, code, timeout)
 
-    def _to_result(self, reply: dict | None, latency: float) -> ExecResult:
-        if reply is None:
+    def _to_result(self, reply: dict | None, latency: float, failure: str = "") -> ExecResult:
+        """The result, with its kind taken only from facts the supervisor observed:
+        the wait status, its own timer, the cgroup's OOM counter, the output
+        files' sizes, and whether set-up finished (never from the call's output)."""
+        level = self.isolation_level
+        common = {
+            "latency_s": latency,
+            "isolation": level.value,
+            "degraded": level != IsolationLevel.FULL,
+        }
+        if reply is None or "error" in reply:
+            why = failure or f"the sandbox handler failed: {(reply or {}).get('error', '')}"
             return ExecResult(
-                False,
-                "",
-                "the sandbox server failed twice",
-                None,
-                False,
-                latency,
-                False,
-                ErrorKind.SANDBOX,
+                False, "", why, None, False, truncated=False, error_kind=ErrorKind.SANDBOX, **common
             )
         stdout = sanitize_observation(reply["stdout"])
         stderr = sanitize_observation(reply["stderr"])
         code, timed_out = reply["returncode"], bool(reply["timed_out"])
-        kind: ErrorKind | None = None
+        kind: ErrorKind | None
         if timed_out:
             kind = ErrorKind.TIMEOUT
+        elif not reply.get("ready", True):
+            kind = ErrorKind.SANDBOX
+        elif reply.get("oom_killed"):
+            kind = ErrorKind.MEMORY
         elif code == 0:
             kind = None
-        elif code is not None and code < 0:
+        elif reply.get("output_limit"):
+            kind = ErrorKind.OUTPUT  # Python ignores SIGXFSZ: the write fails with EFBIG
+        elif code is None:
+            kind = ErrorKind.CRASH  # its init was killed before it could report
+        elif code < 0:
             kind = {-25: ErrorKind.OUTPUT, -24: ErrorKind.TIMEOUT, -9: ErrorKind.MEMORY}.get(
                 code, ErrorKind.CRASH
             )
-        elif "MemoryError" in stderr[-2000:]:
-            kind = ErrorKind.MEMORY
-        elif "[Errno 27] File too large" in stderr[-2000:]:
-            kind = ErrorKind.OUTPUT  # Python ignores SIGXFSZ: the write fails with EFBIG
-        elif "sandbox setup failed" in stderr:
-            kind = ErrorKind.SANDBOX
         else:
             kind = ErrorKind.ERROR
         return ExecResult(
@@ -310,13 +424,15 @@ class LocalSandbox:
             stderr=stderr,
             returncode=code,
             timed_out=timed_out or kind == ErrorKind.TIMEOUT,
-            latency_s=latency,
             truncated=bool(reply["truncated"]),
             error_kind=kind,
+            **common,
         )
 
     # -- lifecycle ------------------------------------------------------------
     def close(self) -> None:
+        """Kill every call in flight (their ``run`` raises ``SandboxError``) and the
+        server; returns once they are gone."""
         if self._closed:
             return
         self._closed = True

@@ -36,6 +36,8 @@ class ExecResult:
     latency_s: float  # from sending the code to having the result, seconds
     truncated: bool  # stdout or stderr was cut to its tail
     error_kind: ErrorKind | None = None  # why it failed, None when ok
+    isolation: str = ""  # the level this call ran at ("full" or "basic")
+    degraded: bool = False  # True when that is below full isolation
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

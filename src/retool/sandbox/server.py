@@ -2,25 +2,36 @@
 
 Process tree, and why each level exists::
 
-    trainer (LocalSandbox)            holds secrets; never forks model code
-     └─ server                        started with an empty environment; imports
-        │                             ``preload`` once; owns an empty network namespace
-        └─ handler (one per connection) serves one client connection at a time
-           └─ A: supervisor           new mount/PID/IPC/UTS namespaces; reports B's
-              │                       pid and exit status; trusted code only
-              └─ B: PID 1 of the call  bubblewrap-style root (read-only binds, private
-                                      /tmp, /dev/shm and /proc), unprivileged uid,
-                                      no_new_privs, rlimits; then runs the code
+    trainer (LocalSandbox)        holds secrets; never forks model code; holds the
+    │                             only write end of the server's stdin (the lifeline)
+    └─ server                     ``python -I -S``, empty environment, its own cwd,
+       │                          only explicit import paths; imports ``preload``
+       │                          once; owns an empty network namespace
+       ├─ reaper                  waits for the lifeline (or the server) to end, then
+       │                          kills the instance's cgroup whole and removes it
+       └─ zygote (per connection)  forks calls; never receives a request or a result,
+          │                        so calls cannot find earlier calls' data in memory
+          ├─ handler               serves the connection; runs the calls the zygote
+          │                        prepared; the supervisor's timer and facts live here
+          └─ A (per call)          new mount/PID/IPC/UTS namespaces; reports B's pid
+             └─ B: PID 1           trusted init: enters the call's cgroup, a fresh
+                │                  keyring, a bubblewrap-style root; reports C's wait
+                │                  status on a pipe only B holds
+                └─ C: the call     unprivileged uid (or no capabilities), pdeathsig,
+                                   no_new_privs, seccomp, rlimits; then runs the code
 
-B is forked *before* the code arrives and waits on a pipe, so namespace and
-mount set-up are off the critical path. When B exits or is killed, the kernel
-kills every process left in its PID namespace: daemons, double forks and
-``setsid`` children included. stdout/stderr go to files the handler opened, so
-no process can hold a pipe open and hang the harness; only the tail is read.
+A, B and C are forked *before* the code arrives (two per handler), so
+namespace, cgroup and mount set-up are off the critical path. When the call
+ends or times out, the handler kills its cgroup (every process, whatever its
+parentage) and B's PID namespace goes with B. Nothing the call can write is
+read as a fact: the exit status is C's wait status as B saw it, "did the code
+start" is one byte C sends B before running any code and then closes, memory
+kills come from the cgroup's OOM counter, timeouts from the handler's timer.
+stdout/stderr go to files, never pipes, and only the tail is read.
 
-Without namespaces (some containers) the same tree runs with rlimits, an empty
-environment, a scratch cwd, a dedicated uid when root, and kill-by-process-group
-and kill-by-uid after each call: the ``basic`` level.
+Without namespaces (some containers) the same tree runs with rlimits, seccomp,
+an empty environment, a scratch cwd, a dedicated uid when root, and the call's
+cgroup (or process group and uid) killed after each call: the ``basic`` level.
 
 Wire format: 4-byte big-endian length + JSON, both directions.
 """
@@ -30,6 +41,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
+import fcntl
 import importlib
 import json
 import os
@@ -45,16 +57,20 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from retool.sandbox import linux
+from . import cgroups, linux, seccomp
 
 FULL, BASIC = "full", "basic"
-UID_BASE = 61000  # sandbox uids when the server runs as root (see Handler.uid_for)
+UID_BASE = 1_500_000_000  # sandbox uids (root server): one block of UID_BLOCK per instance
+UID_BLOCK = 1 << 16
+UID_BLOCKS = 4096
 UIDS_PER_HANDLER = 8  # > calls a handler has prepared or running at once (3)
 MAX_PROCS = 64  # processes per call (fork bombs stop here)
 MAX_FILE_BYTES = 8 << 20  # largest file a call may write (stdout/stderr included)
 MAX_OPEN_FILES = 64
 TMPFS_MB = 64  # private /tmp of a call
+TMPFS_INODES = 4096  # files a call may create in its /tmp and /dev/shm
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
+SANDBOX_STATUS = 70  # C's exit status when its set-up failed (a fact only with ready=0)
 
 
 # -- framing -------------------------------------------------------------------
@@ -83,26 +99,44 @@ def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
 
 # -- the isolated root ---------------------------------------------------------
 def readonly_paths() -> list[str]:
-    """Host paths B sees (read-only): the OS and this interpreter's environment."""
+    """Host paths B sees (read-only): the OS, the interpreter, the import path.
+
+    The server runs with ``-I -S`` and an explicit ``sys.path`` (the standard
+    library, site-packages, our runtime copy), so nothing of the caller's cwd
+    or checkout is among them.
+    """
     paths = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"]
-    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix]
-    paths += [p for p in sys.path if p and os.path.isdir(p)]
+    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)]
+    paths += [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]
     seen: list[str] = []
     for path in sorted(
         {os.path.realpath(p) if not os.path.islink(p) else p for p in paths if os.path.lexists(p)},
         key=len,
     ):
+        if path == "/":
+            continue  # never the whole host
         if not any(path == s or path.startswith(s.rstrip("/") + "/") for s in seen):
             seen.append(path)
     return seen
 
 
-def build_root(new_root: str, binds: list[str]) -> None:
+def masked_paths() -> list[str]:
+    """Directories hidden under an empty read-only tmpfs: our own package, if it
+    is installed (not editable) in site-packages, carries data and answers."""
+    found = []
+    for entry in sys.path:
+        candidate = os.path.join(entry, "retool")
+        if entry and os.path.isdir(candidate):
+            found.append(os.path.realpath(candidate))
+    return found
+
+
+def build_root(new_root: str, binds: list[str], masks: list[str]) -> None:
     """Mount a minimal read-only root at ``new_root`` and ``pivot_root`` into it."""
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
     linux.mount("tmpfs", new_root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=0755")
-    # Private /tmp and /dev/shm first: a bind below /tmp (a checkout or venv living
-    # there) must land on top of the private tmpfs, not be hidden by it.
+    # Private /tmp and /dev/shm first: a bind below /tmp (a venv living there)
+    # must land on top of the private tmpfs, not be hidden by it.
     for sub, size in (("/tmp", TMPFS_MB), ("/dev/shm", 16)):
         os.makedirs(new_root + sub, exist_ok=True)
         linux.mount(
@@ -110,7 +144,7 @@ def build_root(new_root: str, binds: list[str]) -> None:
             new_root + sub,
             "tmpfs",
             linux.MS_NOSUID | linux.MS_NODEV,
-            f"size={size}m,mode=1777",
+            f"size={size}m,nr_inodes={TMPFS_INODES},mode=1777",
         )
     ro = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
     for src in binds:
@@ -121,6 +155,15 @@ def build_root(new_root: str, binds: list[str]) -> None:
         os.makedirs(dst, exist_ok=True)
         linux.mount(src, dst, None, linux.MS_BIND | linux.MS_REC)
         linux.mount(None, dst, None, ro)
+    for path in masks:
+        with contextlib.suppress(OSError):
+            linux.mount(
+                "tmpfs",
+                new_root + path,
+                "tmpfs",
+                linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV,
+                "size=4k,nr_inodes=1",
+            )
     os.makedirs(new_root + "/dev", exist_ok=True)
     for node in _DEV_NODES:
         dst = f"{new_root}/dev/{node}"
@@ -144,13 +187,13 @@ def build_root(new_root: str, binds: list[str]) -> None:
     )
 
 
-# -- B: the call ---------------------------------------------------------------
+# -- C: the call ---------------------------------------------------------------
 def _vm_bytes() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _apply_limits(request: dict[str, Any], root: bool) -> None:
+def _apply_limits(request: dict[str, Any], own_uid: bool) -> None:
     headroom = int(request["memory_mb"]) << 20
     vm = _vm_bytes()
     resource.setrlimit(resource.RLIMIT_AS, (vm + headroom, vm + headroom))
@@ -159,7 +202,7 @@ def _apply_limits(request: dict[str, Any], root: bool) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     cpu = int(request["timeout"]) + 2 + int(resource.getrusage(resource.RUSAGE_SELF).ru_utime)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    if root:  # RLIMIT_NPROC is ignored for uid 0; our uid is unprivileged by now
+    if own_uid:  # RLIMIT_NPROC is ignored for uid 0; our uid is unprivileged by now
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCS, MAX_PROCS))
 
 
@@ -173,7 +216,7 @@ def _reseed() -> None:
 
 
 def _run_code(code: str) -> int:
-    from retool.sandbox.autoprint import add_autoprint
+    from .autoprint import add_autoprint
 
     sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
@@ -197,106 +240,302 @@ def _run_code(code: str) -> int:
     return status
 
 
-def _child_b(
-    level: str,
-    code_r: int,
-    done_w: int,
-    out_fd: int,
-    err_fd: int,
-    uid: int | None,
-    new_root: str,
-    scratch: str | None,
-    fresh: bool,
-) -> None:
-    """B: isolate, wait for the request, limit, run, report. Never returns.
+@dataclass(frozen=True)
+class CallSpec:
+    """What the zygote decided for one call (no request data in here)."""
 
-    B reports its exit status on ``done_w`` itself: waiting for the kernel to
-    tear down a PID namespace takes tens of milliseconds, which would otherwise
-    sit on every call's critical path.
-    """
-    status = 70
+    level: str
+    uid: int | None  # the call's own uid (root server only)
+    new_root: str
+    scratch: str | None
+    fresh: bool
+    group: cgroups.Group | None
+    binds: tuple[str, ...]
+    masks: tuple[str, ...]
+    boot_path: str  # import path for fresh-interpreter mode
+
+
+def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
+    """C: drop privileges, wait for the request, limit, tell B, run. Never returns."""
+    status = SANDBOX_STATUS
+    parent = os.getppid()
     try:
-        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if level == FULL:
-            build_root(new_root, readonly_paths())
-            os.chdir("/tmp")
-        else:
-            os.setsid()
-            assert scratch is not None
-            os.chdir(scratch)
+        os.setsid()  # its own process group and session, away from B's
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
-        _close_all_except(code_r, done_w, 0, 1, 2)
-        if uid is not None:
+        _close_all_except(code_r, ready_w, 0, 1, 2)
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("1000")  # under the memory limit, the call dies before its init
+        if spec.uid is not None:
             os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
+            os.setresgid(spec.uid, spec.uid, spec.uid)
+            os.setresuid(spec.uid, spec.uid, spec.uid)
+        else:  # a non-root server: root of its user namespace, so drop every capability
+            linux.drop_all_capabilities()
+        # After the uid change, which clears it; then make sure B is still there.
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(status)
         linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
+        seccomp.install(seccomp.build_program())
         with os.fdopen(code_r, "rb") as handle:
             raw = handle.read()
         if not raw:
             os._exit(0)  # the handler went away before sending code
         request = json.loads(raw)
         os.environ["HOME"] = os.getcwd()
-        _apply_limits(request, root=uid is not None)
-        if fresh:
+        _apply_limits(request, own_uid=spec.uid is not None)
+        if spec.fresh:  # a new interpreter reports "ready" itself, then runs the file
             path = os.path.join(os.getcwd(), ".retool_code.py")
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(request["code"])
-            os.set_inheritable(done_w, True)
+            os.set_inheritable(ready_w, True)
             os.execv(
                 sys.executable,
                 [
                     sys.executable,
+                    "-I",
+                    "-S",
                     "-c",
-                    "from retool.sandbox.server import run_file; run_file()",
+                    _FRESH_BOOT,
+                    spec.boot_path,
                     path,
-                    str(done_w),
+                    str(ready_w),
                 ],
             )
+        os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
+        os.close(ready_w)
         _reseed()
         status = _run_code(request["code"]) & 0xFF
-        _report_done(done_w, status)
     except BaseException:
         with contextlib.suppress(OSError):
             os.write(2, ("sandbox setup failed: " + traceback.format_exc()).encode())
     os._exit(status & 0xFF)
 
 
-def _report_done(done_w: int, status: int) -> None:
-    with contextlib.suppress(OSError):
-        os.write(done_w, f"{status}\n".encode())
+_FRESH_BOOT = (
+    "import sys; sys.path += sys.argv.pop(1).split(':'); "
+    "from retool_sandbox_rt.server import run_file; run_file()"
+)
 
 
 def run_file() -> None:
-    """Entry point of fresh-interpreter mode: run ``argv[1]``, report on fd ``argv[2]``."""
-    path, done_w = sys.argv[1], int(sys.argv[2])
+    """Entry point of fresh-interpreter mode: run the file ``argv[1]`` after telling
+    B on fd ``argv[2]`` that set-up is done (and closing that fd)."""
+    path, ready_w = sys.argv[1], int(sys.argv[2])
     with open(path, encoding="utf-8") as handle:
         code = handle.read()
     os.unlink(path)
-    status = _run_code(code) & 0xFF
-    _report_done(done_w, status)
-    os._exit(status)
+    from .autoprint import add_autoprint  # noqa: F401 - imported before the code runs
+
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    os._exit(_run_code(code) & 0xFF)
 
 
-# -- the handler's view of one prepared call ------------------------------------
+def _child_b(
+    spec: CallSpec, code_r: int, done_w: int, out_fd: int, err_fd: int
+) -> None:  # pragma: no cover - runs in a forked child
+    """B: trusted init of the call. Never returns.
+
+    Reports ``"<ready> <wait status of C>"`` on ``done_w``, a pipe C never
+    holds, as soon as C exits: waiting for the kernel to tear down a PID
+    namespace takes tens of milliseconds, which would otherwise sit on every
+    call's critical path.
+    """
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if spec.group is not None:
+            spec.group.enter()
+        with contextlib.suppress(OSError):
+            linux.join_new_session_keyring()
+        if spec.level == FULL:
+            build_root(spec.new_root, list(spec.binds), list(spec.masks))
+            os.chdir("/tmp")
+        else:
+            assert spec.scratch is not None
+            os.chdir(spec.scratch)
+        ready_r, ready_w = os.pipe()
+        pid_c = os.fork()
+        if pid_c == 0:
+            os.close(ready_r)
+            os.close(done_w)
+            _child_c(spec, code_r, ready_w, out_fd, err_fd)
+        os.close(ready_w)
+        for fd in (code_r, out_fd, err_fd):
+            os.close(fd)
+        ready = os.read(ready_r, 1) == b"1"
+        os.close(ready_r)
+        _, status = os.waitpid(pid_c, 0)
+        os.write(done_w, f"{int(ready)} {status}\n".encode())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.write(err_fd, ("sandbox setup failed: " + traceback.format_exc()).encode())
+    os._exit(0)
+
+
+# -- the zygote: prepares calls, never sees a request ----------------------------
 @dataclass
 class Prepared:
-    """A supervisor A and its child B, waiting for code."""
+    """A supervisor A, its init B and the call C, waiting for code (handler side)."""
 
     pid_a: int
-    pid_b: int | None  # read from A's first status line, when first needed
     code_w: int
-    status_r: int  # A: B's pid, then B's wait status
-    done_r: int  # B: its exit status, when it exits through our code
+    status_r: int  # A: B's pid
+    done_r: int  # B: "<ready> <C's wait status>"
     out_path: str
     err_path: str
     scratch: str | None
-    uid: int | None  # the call's own uid (root server only)
+    uid: int | None
+    group: cgroups.Group | None
+    pid_b: int | None = None
 
 
+class Zygote:
+    """Forks the A/B/C of each call from a process that never held request data."""
+
+    def __init__(
+        self,
+        index: int,
+        level: str,
+        workdir: str,
+        fresh: bool,
+        real_root: bool,
+        uid_base: int,
+        group: cgroups.Group | None,
+        memory_mb: int,
+        boot_path: str,
+    ) -> None:
+        self.index = index
+        self.level = level
+        self.workdir = workdir
+        self.fresh = fresh
+        self.real_root = real_root
+        self.uid_base = uid_base
+        self.group = group
+        self.memory_mb = memory_mb
+        self.boot_path = boot_path
+        self.counter = 0
+        self.new_root = os.path.join(workdir, "root")
+        self.binds = tuple(readonly_paths())
+        self.masks = tuple(masked_paths())
+
+    def uid_for(self, counter: int) -> int | None:
+        """A uid of its own for each call in flight, in this instance's block."""
+        if not self.real_root:
+            return None
+        slot = self.index % (UID_BLOCK // UIDS_PER_HANDLER)
+        return self.uid_base + slot * UIDS_PER_HANDLER + counter % UIDS_PER_HANDLER
+
+    def prepare(self) -> tuple[dict[str, Any], list[int]]:
+        """Fork one call; returns its description and the handler's fds."""
+        self.counter += 1
+        uid = self.uid_for(self.counter)
+        name = f"h{self.index}-{self.counter}"
+        stem = os.path.join(self.workdir, "calls", name)
+        out_path, err_path = stem + ".out", stem + ".err"
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+        out_fd, err_fd = os.open(out_path, flags, 0o600), os.open(err_path, flags, 0o600)
+        scratch = None
+        if self.level == BASIC:
+            scratch = stem + ".scratch"
+            os.mkdir(scratch, 0o700)
+            if uid is not None:
+                os.chown(scratch, uid, uid)
+        group = None
+        if self.group is not None:
+            group = self.group.child(name, (self.memory_mb + 32) << 20, MAX_PROCS + 2)
+        spec = CallSpec(
+            self.level,
+            uid,
+            self.new_root,
+            scratch,
+            self.fresh,
+            group,
+            self.binds,
+            self.masks,
+            self.boot_path,
+        )
+        code_r, code_w = os.pipe()
+        status_r, status_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid_a = os.fork()
+        if pid_a == 0:  # A
+            try:
+                _close_all_except(code_r, status_w, done_w, out_fd, err_fd, 0, 1, 2)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+                if self.level == FULL:
+                    linux.unshare(
+                        linux.CLONE_NEWNS
+                        | linux.CLONE_NEWPID
+                        | linux.CLONE_NEWIPC
+                        | linux.CLONE_NEWUTS
+                    )
+                pid_b = os.fork()
+                if pid_b == 0:
+                    os.close(status_w)
+                    _child_b(spec, code_r, done_w, out_fd, err_fd)
+                for fd in (code_r, done_w, out_fd, err_fd):
+                    os.close(fd)
+                os.write(status_w, f"{pid_b}\n".encode())
+                os.waitpid(pid_b, 0)
+            except BaseException:
+                with open(os.path.join(self.workdir, "supervisor-errors.log"), "a") as log:
+                    log.write(traceback.format_exc())
+            finally:
+                os._exit(0)
+        for fd in (code_r, status_w, done_w, out_fd, err_fd):
+            os.close(fd)
+        info = {
+            "pid_a": pid_a,
+            "out_path": out_path,
+            "err_path": err_path,
+            "scratch": scratch,
+            "uid": uid,
+            "group": None if group is None else group.dirs,
+        }
+        return info, [code_w, status_r, done_r]
+
+    def serve(self, sock: socket.socket) -> None:
+        """Answer each byte from the handler with one prepared call (and its fds)."""
+        while True:
+            if not sock.recv(1):
+                return
+            info, fds = self.prepare()
+            try:
+                socket.send_fds(sock, [json.dumps(info).encode()], fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def _receive_prepared(sock: socket.socket) -> Prepared:
+    sock.sendall(b"p")
+    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 3)
+    if not data or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise RuntimeError("the call factory went away")
+    info = json.loads(data)
+    group = None if info["group"] is None else cgroups.Group(info["group"])
+    return Prepared(
+        info["pid_a"],
+        fds[0],
+        fds[1],
+        fds[2],
+        info["out_path"],
+        info["err_path"],
+        info["scratch"],
+        info["uid"],
+        group,
+    )
+
+
+# -- the handler's view of one prepared call ------------------------------------
 def _read_line(fd: int, deadline: float) -> str | None:
     data = b""
     while not data.endswith(b"\n"):
@@ -310,189 +549,107 @@ def _read_line(fd: int, deadline: float) -> str | None:
     return data.decode().strip()
 
 
-def _await_exit(
-    prepared: Prepared, deadline: float, wait_only: bool = False
-) -> tuple[int | None, bool]:
-    """(returncode, reaped-by-A) once B reports or A reports B's wait status.
-
-    ``returncode`` is negative for a signal and ``None`` at the deadline.
-    """
-    fds = [prepared.status_r] if wait_only else [prepared.status_r, prepared.done_r]
-    while fds:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None, False
-        ready = select.select(fds, [], [], remaining)[0]
-        if not ready:
-            return None, False
-        for fd in ready:
-            data = os.read(fd, 64)
-            if not data:
-                fds.remove(fd)  # B exited without reporting: A's status will say why
-                continue
-            value = int(data.split(b"\n")[0])
-            if fd == prepared.done_r:
-                return value, False
-            status = value
-            return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)), True
-    return None, False
-
-
 class Handler:
-    """Serves one connection: prepares a call, runs it, prepares the next."""
+    """Serves one connection: runs the calls its zygote prepares."""
 
-    def __init__(
-        self, conn: socket.socket, index: int, level: str, workdir: str, fresh: bool
-    ) -> None:
+    def __init__(self, conn: socket.socket, factory: socket.socket, level: str) -> None:
         self.conn = conn
-        self.index = index
+        self.factory = factory
         self.level = level
-        self.workdir = workdir
-        self.fresh = fresh
-        self.root = os.geteuid() == 0
-        self.counter = 0
-        self.new_root = os.path.join(workdir, "root")
-        self.reap: list[Prepared] = []  # finished calls whose supervisor is not reaped yet
+        self.memory_mb: int | None = None
+        self.reap: list[Prepared] = []  # finished calls whose cgroup is not removed yet
 
-    def _close(self, prepared: Prepared) -> None:
-        """Reap A (it exits once B's namespace is gone) and close the pipes."""
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(prepared.pid_a, 0)
-        for fd in (prepared.status_r, prepared.done_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def uid_for(self, counter: int) -> int | None:
-        """A uid of its own for each call in flight, so killing one call's leftovers
-        by uid never touches the calls prepared after it."""
-        if not self.root:
-            return None
-        return UID_BASE + self.index * UIDS_PER_HANDLER + counter % UIDS_PER_HANDLER
-
-    def prepare(self) -> Prepared:
-        self.counter += 1
-        uid = self.uid_for(self.counter)
-        stem = os.path.join(self.workdir, f"h{self.index}-{self.counter}")
-        out_path, err_path = stem + ".out", stem + ".err"
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
-        out_fd, err_fd = os.open(out_path, flags, 0o600), os.open(err_path, flags, 0o600)
-        scratch = None
-        if self.level == BASIC:
-            scratch = stem + ".scratch"
-            os.mkdir(scratch, 0o700)
-            if uid is not None:
-                os.chown(scratch, uid, uid)
-        code_r, code_w = os.pipe()
-        status_r, status_w = os.pipe()
-        done_r, done_w = os.pipe()
-        pid_a = os.fork()
-        if pid_a == 0:  # A
-            try:
-                # Only this call's fds: a sibling call's code pipe left open here
-                # would keep that call from ever seeing the end of its request.
-                _close_all_except(code_r, status_w, done_w, out_fd, err_fd, 0, 1, 2)
-                linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-                if self.level == FULL:
-                    linux.unshare(
-                        linux.CLONE_NEWNS
-                        | linux.CLONE_NEWPID
-                        | linux.CLONE_NEWIPC
-                        | linux.CLONE_NEWUTS
-                    )
-                pid_b = os.fork()
-                if pid_b == 0:
-                    os.close(status_w)
-                    _child_b(
-                        self.level,
-                        code_r,
-                        done_w,
-                        out_fd,
-                        err_fd,
-                        uid,
-                        self.new_root,
-                        scratch,
-                        self.fresh,
-                    )
-                os.close(done_w)
-                os.write(status_w, f"{pid_b}\n".encode())
-                _, wait_status = os.waitpid(pid_b, 0)
-                os.write(status_w, f"{wait_status}\n".encode())
-            except BaseException:
-                with open(os.path.join(self.workdir, "supervisor-errors.log"), "a") as log:
-                    log.write(traceback.format_exc())
-            finally:
-                os._exit(0)
-        os.close(code_r)
-        os.close(status_w)
-        os.close(done_w)
-        os.close(out_fd)
-        os.close(err_fd)
-        return Prepared(pid_a, None, code_w, status_r, done_r, out_path, err_path, scratch, uid)
-
-    def _started(self, prepared: Prepared) -> None:
-        """Read B's pid from A (written right after A forks B)."""
-        if prepared.pid_b is not None:
-            return
-        line = _read_line(prepared.status_r, time.monotonic() + 30)
-        if line is None:
-            os.kill(prepared.pid_a, signal.SIGKILL)
-            os.waitpid(prepared.pid_a, 0)
-            raise RuntimeError("sandbox child did not start")
-        prepared.pid_b = int(line)
+    def _started(self, prepared: Prepared) -> int | None:
+        """B's pid as A reported it (written right after A forks B)."""
+        if prepared.pid_b is None:
+            line = _read_line(prepared.status_r, time.monotonic() + 30)
+            if line is not None:
+                prepared.pid_b = int(line)
+        return prepared.pid_b
 
     def run(self, prepared: Prepared, request: dict[str, Any]) -> dict[str, Any]:
-        self._started(prepared)
+        if prepared.group is not None:
+            prepared.group.set_memory((int(request["memory_mb"]) + 32) << 20)
         payload = json.dumps(request).encode()
-        with contextlib.suppress(BrokenPipeError):  # B died in set-up; its status says why
+        with contextlib.suppress(BrokenPipeError):  # the call died in set-up
             _write_all(prepared.code_w, payload)
         os.close(prepared.code_w)
+        prepared.code_w = -1
         deadline = time.monotonic() + float(request["timeout"])
-        returncode, waited = _await_exit(prepared, deadline)
-        timed_out = returncode is None
-        self._kill_tree(prepared)  # whatever B left behind (daemons) dies with it
-        if timed_out:
-            returncode, waited = _await_exit(prepared, time.monotonic() + 10, wait_only=True)
-        if not waited:
-            self.reap.append(prepared)  # reaped after the reply: off the critical path
-        else:
-            self._close(prepared)
+        line = _read_line(prepared.done_r, deadline)
+        timed_out = line is None and time.monotonic() >= deadline
+        self._kill(prepared)  # whatever the call left behind (daemons) dies with it
+        ready, returncode = True, None
+        if line is not None:
+            ready_text, status_text = line.split()
+            ready = ready_text == "1"
+            status = int(status_text)
+            returncode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+        elif timed_out:
+            returncode = -signal.SIGKILL
+        memory = prepared.group is not None and prepared.group.oom_killed()
         cap = int(request["max_output_bytes"])
-        stdout, out_cut = _tail(prepared.out_path, cap)
-        stderr, err_cut = _tail(prepared.err_path, cap)
-        if prepared.scratch:
-            shutil.rmtree(prepared.scratch, ignore_errors=True)
+        stdout, out_cut, out_size = _tail(prepared.out_path, cap)
+        stderr, err_cut, err_size = _tail(prepared.err_path, cap)
+        self.reap.append(prepared)
         return {
             "returncode": returncode,
             "timed_out": timed_out,
+            "ready": ready,  # False: the call's set-up failed before any code ran
+            "reported": line is not None,  # False: its init died (killed) before reporting
+            "oom_killed": memory,
+            "output_limit": max(out_size, err_size) >= MAX_FILE_BYTES,
             "stdout": stdout,
             "stderr": stderr,
             "truncated": out_cut or err_cut,
         }
 
-    def _kill_tree(self, prepared: Prepared) -> None:
-        self._started(prepared)
-        assert prepared.pid_b is not None
-        with contextlib.suppress(ProcessLookupError):  # PID 1 of its namespace: takes all
-            os.kill(prepared.pid_b, signal.SIGKILL)
-        if self.level == BASIC:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(prepared.pid_b, signal.SIGKILL)
-            if prepared.uid is not None:
-                kill_uid(prepared.uid)
+    def _kill(self, prepared: Prepared) -> None:
+        if prepared.group is not None:
+            prepared.group.kill()
+        pid_b = self._started(prepared)
+        if pid_b is not None:
+            with contextlib.suppress(ProcessLookupError):  # PID 1 of its namespace: takes all
+                os.kill(pid_b, signal.SIGKILL)
+        if prepared.group is None and self.level == BASIC and prepared.uid is not None:
+            kill_uid(prepared.uid)
 
-    def discard(self, prepared: Prepared) -> None:
-        os.close(prepared.code_w)
-        self._kill_tree(prepared)
-        self._close(prepared)
+    def _finish(self, prepared: Prepared) -> bool:
+        """Close the call's fds and remove its files and cgroup; False if still busy."""
+        for fd in (prepared.code_w, prepared.status_r, prepared.done_r):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        prepared.code_w = prepared.status_r = prepared.done_r = -1
         for path in (prepared.out_path, prepared.err_path):
             _unlink(path)
         if prepared.scratch:
             shutil.rmtree(prepared.scratch, ignore_errors=True)
+            prepared.scratch = None
+        if prepared.group is not None and not prepared.group.remove():
+            prepared.group.kill()
+            return False
+        return True
+
+    def discard(self, prepared: Prepared) -> None:
+        if prepared.code_w >= 0:
+            os.close(prepared.code_w)
+            prepared.code_w = -1
+        self._kill(prepared)
+        self.reap.append(prepared)
+
+    def _reap(self, final: bool = False) -> None:
+        deadline = time.monotonic() + (2.0 if final else 0.0)
+        while True:
+            self.reap = [p for p in self.reap if not self._finish(p)]
+            if not self.reap or time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
 
     def serve(self) -> None:
         # Two calls prepared ahead: the one a request takes has had a whole call's
         # time to finish its namespace and mount set-up.
-        ready = [self.prepare(), self.prepare()]
+        ready = [_receive_prepared(self.factory), _receive_prepared(self.factory)]
         try:
             while True:
                 request = recv_frame(self.conn)
@@ -501,14 +658,19 @@ class Handler:
                 if request.get("op") == "ping":
                     send_frame(self.conn, {"pong": True})
                     continue
-                reply = self.run(ready.pop(0), request)
+                prepared = ready.pop(0)
+                try:
+                    reply = self.run(prepared, request)
+                except Exception as exc:  # our bug, not the call's: fail this call only
+                    self.discard(prepared)
+                    reply = {"error": f"{type(exc).__name__}: {exc}"}
                 send_frame(self.conn, reply)
-                while self.reap:
-                    self._close(self.reap.pop())
-                ready.append(self.prepare())
+                self._reap()  # after the reply: off the critical path
+                ready.append(_receive_prepared(self.factory))
         finally:
             for prepared in ready:
                 self.discard(prepared)
+            self._reap(final=True)
 
 
 def _close_all_except(*keep: int) -> None:
@@ -531,22 +693,23 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def _tail(path: str, cap: int) -> tuple[str, bool]:
-    """The last ``cap`` bytes of a file, decoded with replacement; deletes the file."""
+def _tail(path: str, cap: int) -> tuple[str, bool, int]:
+    """(the last ``cap`` bytes of a file decoded with replacement, cut, its size);
+    deletes the file."""
     try:
         with open(path, "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - cap))
             data = handle.read(cap)
     except FileNotFoundError:
-        return "", False
+        return "", False, 0
     finally:
         _unlink(path)
-    return data.decode("utf-8", errors="replace"), size > cap
+    return data.decode("utf-8", errors="replace"), size > cap, size
 
 
 def kill_uid(uid: int) -> None:
-    """SIGKILL every process owned by ``uid`` (the basic level's tree kill)."""
+    """SIGKILL every process owned by ``uid`` (basic level without cgroups)."""
     for _ in range(3):
         found = False
         for entry in os.listdir("/proc"):
@@ -583,16 +746,63 @@ def enter_server_namespaces() -> list[str]:
     return missing
 
 
-def probe_full(workdir: str) -> str | None:
-    """Run one call at the full level; the error text if it does not work."""
-    left, right = socket.socketpair()
-    handler = Handler(right, 0, FULL, workdir, fresh=False)
+def claim_uid_block(workdir: str) -> tuple[int, int | None]:
+    """Reserve a block of uids for this instance (flock held for its lifetime)."""
+    lockdir = "/run/retool-sandbox"
     try:
-        prepared = handler.prepare()
+        os.makedirs(lockdir, mode=0o700, exist_ok=True)
+    except OSError:
+        lockdir = os.path.dirname(workdir)
+    for block in range(UID_BLOCKS):
+        fd = os.open(os.path.join(lockdir, f"uids-{block}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return UID_BASE + block * UID_BLOCK, fd
+    raise RuntimeError("no free sandbox uid block")
+
+
+def _run_reaper(group: cgroups.Group | None, server_pid: int, alive_r: int) -> None:
+    """The reaper: once the trainer (lifeline, fd 0) or the server is gone, kill the
+    instance's cgroup whole (every call, daemons included) and remove it."""
+    try:
+        _close_all_except(0, alive_r)
+        with contextlib.suppress(OSError):
+            os.setsid()
+        fds = [0, alive_r]
+        while True:
+            readable = select.select(fds, [], [])[0]
+            if any(not os.read(fd, 4096) for fd in readable):
+                break
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server_pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(server_pid, signal.SIGKILL)
+        if group is not None:
+            group.kill_and_remove(within=5.0)
+    finally:
+        os._exit(0)
+
+
+def probe_full(workdir: str, real_root: bool, uid_base: int, boot_path: str) -> str | None:
+    """Run one call at the full level; the error text if it does not work."""
+    zygote = Zygote(0, FULL, workdir, False, real_root, uid_base, None, 256, boot_path)
+    left, right = socket.socketpair()
+    handler = Handler(left, right, FULL)
+    try:
+        info, fds = zygote.prepare()
+        prepared = Prepared(
+            info["pid_a"], *fds, info["out_path"], info["err_path"], None, None, None
+        )
         reply = handler.run(
             prepared,
             {"code": "print(6 * 7)", "timeout": 20, "memory_mb": 256, "max_output_bytes": 4096},
         )
+        handler._reap(final=True)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info["pid_a"], 0)
     except (OSError, RuntimeError) as exc:
         return str(exc)
     finally:
@@ -608,23 +818,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--preload", default="")
     parser.add_argument("--isolation", default="auto", choices=["auto", "strict", "none"])
+    parser.add_argument("--memory-mb", type=int, default=1024)
+    parser.add_argument("--boot-path", default="")
     args = parser.parse_args(argv)
     workdir = args.dir
     os.makedirs(os.path.join(workdir, "root"), exist_ok=True)
-    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the trainer
+    os.makedirs(os.path.join(workdir, "calls"), mode=0o711, exist_ok=True)
+    os.makedirs(os.path.join(workdir, "sock"), mode=0o700, exist_ok=True)
+    real_root = os.geteuid() == 0
     missing: list[str] = []
+    uid_base, _uid_lock = claim_uid_block(workdir) if real_root else (0, None)
+    group, group_missing = cgroups.instance_group(f"retool-sandbox-{os.getpid()}")
+    if group is None or not group.killable:
+        missing.append("a cgroup per call (" + "; ".join(group_missing) + ")")
+    elif group_missing:
+        missing.extend(group_missing)
+    try:
+        seccomp.build_program()
+    except OSError as exc:
+        missing.append(f"seccomp ({exc.strerror})")
+    alive_r, alive_w = os.pipe()
+    server_pid = os.getpid()
+    if os.fork() == 0:
+        _run_reaper(group, server_pid, alive_r)
+    os.close(alive_r)
+    if group is not None:
+        with contextlib.suppress(OSError):
+            cgroups.Group({k: v for k, v in group.dirs.items() if k == "v2"}).enter()
     level = BASIC
     if args.isolation == "none":
         missing.append("namespaces (disabled: isolation='none')")
     else:
-        missing = enter_server_namespaces()
-        if not missing:
-            error = probe_full(workdir)
+        ns_missing = enter_server_namespaces()
+        missing += ns_missing
+        if not ns_missing:
+            error = probe_full(workdir, real_root, uid_base, args.boot_path)
             if error is None:
                 level = FULL
             else:
                 missing.append(f"per-call mount/PID namespaces ({error})")
-    if os.geteuid() != 0 and level == BASIC:
+    if not real_root and level == BASIC:
         missing.append("a dedicated uid (the server is not root, so calls share its uid)")
     preloaded: list[str] = []
     fresh = True
@@ -636,30 +869,59 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:
             missing.append(f"preload {name} ({type(exc).__name__})")
     # What every call touches: import it once here, not once per call.
-    for name in (
-        "random",
-        "traceback",
-        "retool.sandbox.autoprint",
-        *(["numpy.random"] if "numpy" in preloaded else []),
-    ):
+    for name in ("random", "traceback", *(["numpy.random"] if "numpy" in preloaded else [])):
         importlib.import_module(name)
+    importlib.import_module(__package__ + ".autoprint")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(os.path.join(workdir, "server.sock"))
+    sock_path = os.path.join(workdir, "sock", "server.sock")
+    listener.bind(sock_path)
+    os.chmod(sock_path, 0o600)
     listener.listen(64)
-    ready = {"level": level, "missing": missing, "preloaded": preloaded, "pid": os.getpid()}
+    ready = {
+        "level": level,
+        "missing": missing,
+        "preloaded": preloaded,
+        "pid": os.getpid(),
+        "cgroup": None if group is None else group.dirs,
+    }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped automatically
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):  # the reaper holds the lifeline; nobody below needs either
+        os.dup2(null, fd)
+    os.close(null)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # zygotes are reaped automatically
     index = 0
     while True:
         conn, _ = listener.accept()
         index += 1
         if os.fork() == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             listener.close()
+            os.close(alive_w)
             linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+            zygote_side, handler_side = socket.socketpair()
             try:
-                Handler(conn, index, level, workdir, fresh).serve()
+                if os.fork() == 0:  # the handler
+                    zygote_side.close()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+                    try:
+                        Handler(conn, handler_side, level).serve()
+                    finally:
+                        os._exit(0)
+                conn.close()
+                handler_side.close()
+                Zygote(
+                    index,
+                    level,
+                    workdir,
+                    fresh,
+                    real_root,
+                    uid_base,
+                    group,
+                    args.memory_mb,
+                    args.boot_path,
+                ).serve(zygote_side)
             finally:
                 os._exit(0)
         conn.close()
