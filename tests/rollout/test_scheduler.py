@@ -652,3 +652,49 @@ def test_sync_entry_refuses_a_running_loop(smol_tokenizer):
 
     with pytest.raises(RuntimeError, match="rollout_batch_async"):
         asyncio.run(inside())
+
+
+def test_trajectories_round_trip_through_json(smol_tokenizer):
+    import json
+
+    from retool.rollout import Trajectory
+
+    result = run(
+        ScriptedSampler(smol_tokenizer, code_then_answer), FakeSandbox(lookup), [Q1], config()
+    )
+    for trajectory in result.trajectories:
+        restored = Trajectory.from_json(json.loads(json.dumps(trajectory.to_json())))
+        assert restored == trajectory
+        assert restored.stop_reason is StopReason.ANSWER
+
+
+def test_reused_groups_are_not_sampled_again(smol_tokenizer):
+    def script(call):
+        if "2^10" in call.prompt_text:
+            return answer_text("1024" if call.index == 0 else "1")
+        return code_then_answer(call)
+
+    cfg = config(group_size=2)
+    first = run(ScriptedSampler(smol_tokenizer, script), FakeSandbox(lookup), [Q1, Q2], cfg)
+    events = []
+    sampler = ScriptedSampler(smol_tokenizer, script)
+    again = run(
+        sampler,
+        FakeSandbox(lookup),
+        [Q1, Q2],
+        cfg,
+        reuse={0: first.groups()[0]},
+        progress=events.append,
+    )
+    assert all("2^10" not in smol_tokenizer.decode(r.prompt) for r in sampler.requests)
+    def facts(result):
+        return [
+            (t.stop_reason, t.reward, t.advantage, [x.completion_tokens for x in t.turns])
+            for t in result.trajectories
+        ]
+
+    assert facts(again) == facts(first)
+    assert again.trajectories[0] is first.trajectories[0]
+    assert sum(e.reused for e in events) == 2 and events[-1].finished == 4
+    with pytest.raises(ValueError, match="complete group"):
+        run(sampler, FakeSandbox(lookup), [Q1], cfg, reuse={0: first.groups()[0][:1]})

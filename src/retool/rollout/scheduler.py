@@ -40,7 +40,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +122,9 @@ class _Batch:
         progress: ProgressCallback | None,
         checker: EquivalenceChecker | None,
         reward_timeout: float,
+        reuse: Mapping[int, Sequence[Trajectory]],
     ) -> None:
+        self.reuse = reuse
         self.client = sampling_client
         self.tokenizer = tokenizer
         self.sandbox = sandbox
@@ -280,21 +282,30 @@ class _Batch:
         return result, 0, True
 
     # -- ending ------------------------------------------------------------------
-    def end(self, trajectory: Trajectory, reason: StopReason, count: int = 1) -> None:
+    def end(self, trajectory: Trajectory, reason: StopReason) -> None:
+        """Mark it ended; score it (unless excluded), then report it to ``progress``."""
         trajectory.stop_reason = reason
         trajectory.ended_s = time.monotonic() - self.started
-        if not trajectory.excluded:
-            self.scoring.append(asyncio.ensure_future(self.score(trajectory)))
-        self.notify(trajectory, reason, count)
+        self.scoring.append(asyncio.ensure_future(self.finish(trajectory)))
 
-    def notify(self, trajectory: Trajectory | None, reason: StopReason, count: int) -> None:
+    async def finish(self, trajectory: Trajectory) -> None:
+        if not trajectory.excluded:
+            await self.score(trajectory)
+        assert trajectory.stop_reason is not None
+        self.notify(trajectory, trajectory.stop_reason, 1)
+
+    def notify(
+        self, trajectory: Trajectory | None, reason: StopReason, count: int, reused: bool = False
+    ) -> None:
         self.finished += count
         if self.progress is None:
             return
         try:
-            self.progress(ProgressEvent(self.finished, self.total, count, trajectory, reason))
-        except Exception:  # a display must never end a rollout
-            log.exception("the rollout progress callback failed; progress display disabled")
+            self.progress(
+                ProgressEvent(self.finished, self.total, count, trajectory, reason, reused)
+            )
+        except Exception:  # a display or journal must never end a rollout
+            log.exception("the rollout progress callback failed; progress reports stopped")
             self.progress = None
 
     async def score(self, trajectory: Trajectory) -> None:
@@ -336,6 +347,13 @@ class _Batch:
         return turn
 
     async def run_question(self, question_index: int, example: MathExample) -> None:
+        group = self.group_size
+        if question_index in self.reuse:  # finished before a resume: not sampled again
+            for g, trajectory in enumerate(self.reuse[question_index]):
+                self.trajectories[question_index * group + g] = trajectory
+                assert trajectory.stop_reason is not None
+                self.notify(trajectory, trajectory.stop_reason, 1, reused=True)
+            return
         messages = self.dialect.initial_messages(example.question, self.tokenizer)
         root = Trajectory(
             example=example,
@@ -346,7 +364,6 @@ class _Batch:
         )
         prompt = self.dialect.render_prompt(self.tokenizer, messages)
         plan = self.plan(root, len(prompt))
-        group = self.group_size
         slots = range(question_index * group, (question_index + 1) * group)
         if plan is None:
             for g, slot in enumerate(slots):
@@ -520,6 +537,7 @@ async def rollout_batch_async(
     checker: EquivalenceChecker | None = None,
     reward_timeout: float = 5.0,
     context_limit: int | None = None,
+    reuse: Mapping[int, Sequence[Trajectory]] | None = None,
 ) -> RolloutResult:
     """Roll out ``group_size`` trajectories per example; for callers inside an event loop.
 
@@ -527,7 +545,20 @@ async def rollout_batch_async(
     (``max_code_calls``). ``context_limit`` is the trainer's longest input, if
     the caller knows it; the sampler's own limit is read from
     ``sampling_client.max_context_tokens`` when it reports one.
+
+    ``progress`` is called once per ended trajectory, after it is scored (so a
+    journal sees its reward), and once per skipped question. ``reuse`` maps
+    question slots to a complete group of trajectories that ended before (a
+    resumed step): those slots are not sampled again, and their advantages are
+    recomputed with the rest of the batch.
     """
+    reuse = dict(reuse or {})
+    for slot, members in reuse.items():
+        if not 0 <= slot < len(examples) or len(members) != config.group_size:
+            raise ValueError(
+                f"reuse[{slot}] must be a complete group of {config.group_size} trajectories "
+                f"for a slot below {len(examples)}"
+            )
     check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
     check_context_limit(config, context_limit, "the trainer")
     batch = _Batch(
@@ -540,6 +571,7 @@ async def rollout_batch_async(
         progress,
         checker,
         reward_timeout,
+        reuse,
     )
     return await batch.run()
 
@@ -556,6 +588,7 @@ def rollout_batch(
     checker: EquivalenceChecker | None = None,
     reward_timeout: float = 5.0,
     context_limit: int | None = None,
+    reuse: Mapping[int, Sequence[Trajectory]] | None = None,
 ) -> RolloutResult:
     """:func:`rollout_batch_async` from synchronous code (runs its own event loop)."""
     try:
@@ -579,5 +612,6 @@ def rollout_batch(
             checker=checker,
             reward_timeout=reward_timeout,
             context_limit=context_limit,
+            reuse=reuse,
         )
     )

@@ -19,7 +19,7 @@ never trained on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -156,6 +156,22 @@ class Trajectory:
         last = self.turns[-1]
         return len(last.prompt_tokens) + len(last.completion_tokens)
 
+    def to_json(self) -> dict[str, Any]:
+        """Everything, token ids included: :meth:`from_json` restores an equal trajectory."""
+        data = asdict(self)
+        data["stop_reason"] = str(self.stop_reason) if self.stop_reason else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        fields = dict(data)
+        fields["example"] = MathExample(**fields["example"])
+        fields["turns"] = [AssistantTurn(**t) for t in fields["turns"]]
+        fields["observations"] = [Observation(**o) for o in fields["observations"]]
+        reason = fields.get("stop_reason")
+        fields["stop_reason"] = StopReason(reason) if reason else None
+        return cls(**fields)
+
     def to_record(self) -> dict[str, Any]:
         """A JSON-ready summary (no token ids) for logs, journals and viewers."""
         return {
@@ -208,6 +224,7 @@ class ProgressEvent:
     count: int  # trajectories this event accounts for (G for a skipped question)
     trajectory: Trajectory | None  # the one that ended; None for a skipped question
     stop_reason: StopReason  # why it (or the skipped group) ended
+    reused: bool = False  # it ended before a resume and was passed in through ``reuse``
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
