@@ -312,7 +312,9 @@ class TrainingClient(Protocol):
 
     def save_state(self, name: str) -> Future[SaveStateOutput]: ...
 
-    def load_state(self, path: str) -> Future[None]: ...
+    def load_state(self, path: str) -> Future[None]: ...  # weights only
+
+    def load_state_with_optimizer(self, path: str) -> Future[None]: ...  # resume
 
     def save_weights_for_sampler(self, name: str) -> Future[SaveStateOutput]: ...
 

@@ -118,20 +118,30 @@ class LocalServiceClient:
             self.gradient_checkpointing,
         )
 
-    def create_training_client_from_state(self, path: str | Path) -> LocalTrainingClient:
-        """Rebuild a training client from ``save_state`` output, weights and optimizer."""
+    def _client_for_state(self, path: str | Path) -> LocalTrainingClient:
         meta = read_state_meta(Path(path))
         lora = meta["lora"]
         if lora is None:
-            client = self.create_training_client(meta["base_model"])
-        else:
-            client = self.create_lora_training_client(
-                meta["base_model"],
-                rank=lora["rank"],
-                alpha=lora["alpha"],
-                target_modules=tuple(lora["target_modules"]),
-            )
+            return self.create_training_client(meta["base_model"])
+        return self.create_lora_training_client(
+            meta["base_model"],
+            rank=lora["rank"],
+            alpha=lora["alpha"],
+            target_modules=tuple(lora["target_modules"]),
+        )
+
+    def create_training_client_from_state(self, path: str | Path) -> LocalTrainingClient:
+        """A training client with the weights of a ``save_state`` checkpoint, fresh optimizer."""
+        client = self._client_for_state(path)
         client.load_state(str(path)).result()
+        return client
+
+    def create_training_client_from_state_with_optimizer(
+        self, path: str | Path
+    ) -> LocalTrainingClient:
+        """Resume: weights, optimizer state, random generators and step counter."""
+        client = self._client_for_state(path)
+        client.load_state_with_optimizer(str(path)).result()
         return client
 
     def create_sampling_client(

@@ -311,36 +311,47 @@ class LocalTrainingClient:
         return Future.run(run)
 
     def load_state(self, path: str) -> Future[None]:
-        def run() -> None:
-            from safetensors.torch import load_file
+        """Load the weights of a ``save_state`` checkpoint; the optimizer starts afresh.
 
-            with self._lock:
-                root = Path(path)
-                meta = read_state_meta(root)
-                if meta["base_model"] != self.base_model:
-                    raise BackendError(
-                        f"{root}: checkpoint of {meta['base_model']!r}, this "
-                        f"client trains {self.base_model!r}"
-                    )
-                weights = load_file(str(root / "trainable.safetensors"))
-                missing = set(self._names) - set(weights)
-                if missing:
-                    raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
-                with torch.no_grad():
-                    for name, param in zip(self._names, self._params, strict=True):
-                        param.copy_(weights[name].to(param.device, param.dtype))
-                state = torch.load(root / "state.pt", weights_only=False)
-                if state["optimizer"] is not None:
-                    self._optimizer = torch.optim.AdamW(self._params)
-                    self._optimizer.load_state_dict(state["optimizer"])
-                else:
-                    self._optimizer = None
-                torch.set_rng_state(state["torch_rng"])
-                random.setstate(state["python_rng"])
-                np.random.set_state(state["numpy_rng"])
-                self.steps = int(meta["steps"])
+        For starting a new phase from a checkpoint (RL from a cold-start SFT
+        run). :meth:`load_state_with_optimizer` resumes an interrupted run.
+        """
+        return Future.run(lambda: self._load(Path(path), with_optimizer=False))
 
-        return Future.run(run)
+    def load_state_with_optimizer(self, path: str) -> Future[None]:
+        """Weights, optimizer moments, random generators and step counter."""
+        return Future.run(lambda: self._load(Path(path), with_optimizer=True))
+
+    def _load(self, root: Path, with_optimizer: bool) -> None:
+        from safetensors.torch import load_file
+
+        with self._lock:
+            meta = read_state_meta(root)
+            if meta["base_model"] != self.base_model:
+                raise BackendError(
+                    f"{root}: checkpoint of {meta['base_model']!r}, this "
+                    f"client trains {self.base_model!r}"
+                )
+            weights = load_file(str(root / "trainable.safetensors"))
+            missing = set(self._names) - set(weights)
+            if missing:
+                raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
+            with torch.no_grad():
+                for name, param in zip(self._names, self._params, strict=True):
+                    param.copy_(weights[name].to(param.device, param.dtype))
+            if not with_optimizer:
+                self._optimizer = None
+                return
+            state = torch.load(root / "state.pt", weights_only=False)
+            if state["optimizer"] is not None:
+                self._optimizer = torch.optim.AdamW(self._params)
+                self._optimizer.load_state_dict(state["optimizer"])
+            else:
+                self._optimizer = None
+            torch.set_rng_state(state["torch_rng"])
+            random.setstate(state["python_rng"])
+            np.random.set_state(state["numpy_rng"])
+            self.steps = int(meta["steps"])
 
     def _snapshot_model(self) -> Any:
         """A frozen copy of the current weights, LoRA merged in, for sampling."""
