@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Start the sandbox and report its isolation level and "
         "what is missing for full isolation.",
     )
+    check.add_argument("--isolation", default="auto", choices=["auto", "strict", "none"])
     check.set_defaults(handler=_check)
 
     bench = verbs.add_parser(
@@ -79,8 +80,9 @@ def _exec(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from retool.sandbox import IsolationLevel, LocalSandbox
 
-    with LocalSandbox(max_workers=1) as sandbox:
+    with LocalSandbox(max_workers=1, isolation=args.isolation) as sandbox:
         level = sandbox.isolation_level
+        degraded = sandbox.degraded
         probe = sandbox.run(
             "import socket, os\ntry:\n    socket.create_connection(('1.1.1.1', 80),"
             " timeout=1)\n    print('network: reachable')\nexcept OSError:\n"
@@ -93,10 +95,13 @@ def _check(args: argparse.Namespace) -> int:
     if level == IsolationLevel.FULL:
         _say(
             "full isolation: mount, PID, IPC, UTS and network namespaces; read-only root; "
-            "private /tmp and /dev/shm; unprivileged uid; no_new_privs; rlimits"
+            "private /tmp and /dev/shm; unprivileged uid or no capabilities; no_new_privs; "
+            "seccomp; a cgroup per call (memory, processes, kill); rlimits"
         )
     for item in sandbox.missing:
         _say(f"missing: {item}")
+    if degraded:
+        _say("degraded: calls run without some isolation layers (see missing)")
     return 0 if level == IsolationLevel.FULL else 1
 
 

@@ -279,6 +279,13 @@ class LocalSandbox:
         self._cgroup = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    @property
+    def degraded(self) -> bool:
+        """True when calls run with less than every isolation layer (see ``missing``)."""
+        return self.isolation_level != IsolationLevel.FULL or any(
+            not item.startswith("preload ") for item in self.missing
+        )
+
     def _server_alive(self) -> bool:
         return self._server is not None and self._server.poll() is None
 
@@ -389,7 +396,7 @@ class LocalSandbox:
         common = {
             "latency_s": latency,
             "isolation": level.value,
-            "degraded": level != IsolationLevel.FULL,
+            "degraded": self.degraded,
         }
         if reply is None or "error" in reply:
             why = failure or f"the sandbox handler failed: {(reply or {}).get('error', '')}"

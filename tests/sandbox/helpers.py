@@ -1,0 +1,111 @@
+"""Shared helpers for the adversarial sandbox tests."""
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
+
+
+def procs_with(marker: str) -> list[int]:
+    """Pids whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if marker.encode() in handle.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def wait_for(predicate, within: float = 10.0) -> bool:
+    """Poll ``predicate`` until it holds (liveness, not a timing assert)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def gone(marker: str, within: float = 5.0) -> bool:
+    return wait_for(lambda: not procs_with(marker), within)
+
+
+def appeared(marker: str, within: float = 10.0) -> bool:
+    return wait_for(lambda: bool(procs_with(marker)), within)
+
+
+def kill_all(marker: str) -> None:
+    for pid in procs_with(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def daemon_code(marker: str, then: str = "") -> str:
+    """Snippet: a setsid double-forked `sleep <marker>` daemon, then ``then``."""
+    return (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', ['sleep', '{marker}'])\n    os._exit(0)\n" + then
+    )
+
+
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+def handler_of(call_pid: int, server_pid: int) -> int:
+    """The handler serving the call that ``call_pid`` belongs to."""
+    pid = call_pid
+    while parent(pid) != server_pid:
+        pid = parent(pid)
+        assert pid > 1, "not a process of this server"
+    zygote = pid
+    zygote_ns = os.readlink(f"/proc/{zygote}/ns/mnt")
+    for child in children(zygote):
+        if os.readlink(f"/proc/{child}/ns/mnt") == zygote_ns:
+            return child
+    raise AssertionError("no handler found")
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def handler_pids(server_pid: int) -> list[int]:
+    """The handlers of a server: children of its zygotes sharing their mount namespace."""
+    found = []
+    for zygote in children(server_pid):
+        try:
+            zygote_ns = os.readlink(f"/proc/{zygote}/ns/mnt")
+        except OSError:
+            continue
+        for child in children(zygote):
+            try:
+                if os.readlink(f"/proc/{child}/ns/mnt") == zygote_ns:
+                    found.append(child)
+            except OSError:
+                continue
+    return found
+
+
+PYTHON = sys.executable
