@@ -272,7 +272,7 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
             os.setgroups([])
             os.setresgid(spec.uid, spec.uid, spec.uid)
             os.setresuid(spec.uid, spec.uid, spec.uid)
-        else:  # a non-root server: root of its user namespace, so drop every capability
+        elif os.geteuid() == 0:  # a non-root trainer: root of the server's user namespace
             linux.drop_all_capabilities()
         # After the uid change, which clears it; then make sure B is still there.
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
