@@ -1,0 +1,186 @@
+"""``retool sft``: cold-start supervised fine-tuning, and writing its demonstrations.
+
+Two forms share one command::
+
+    retool sft make-demos --dataset demo[:split] --output FILE [--limit N] [--seed S]
+    retool sft [--config FILE] --data FILE.jsonl [--set SECTION.KEY=VALUE ...]
+               [--run-dir DIR] [--resume] [--init-from CHECKPOINT] [--tracker NAME]
+
+``make-demos`` is an optional sub-verb (a non-required sub-parser), so
+``retool sft --help`` documents training and lists the verb, and
+``retool sft make-demos --help`` documents the verb alone. The training form
+hands the resolved config and the data path to
+:func:`retool.training.sft.run_sft`, which writes the same run directory and
+checkpoints as ``retool train`` and resumes the same way.
+
+Every user mistake (missing ``--data``, an output that is a directory, an
+unknown split, ``--limit 0``) is a :class:`~retool.errors.RetoolError` checked
+before any work starts, so the CLI prints one line, exits 2 and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from retool.errors import ConfigError, DataError, RetoolError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sft",
+        help="cold-start SFT on code-interlaced conversations (or make demonstrations)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Supervised fine-tuning with cross_entropy on code-interlaced conversations\n"
+            "(JSONL, see retool.training.sft_data), weight 1 on assistant tokens only,\n"
+            "rendered through the tool-call dialect exactly as RL samples them. Reads the\n"
+            "config of `retool train`: train.steps, train.learning_rate, train.save_every,\n"
+            "train.run_dir, and train.questions_per_batch as conversations per step."
+        ),
+        epilog=(
+            "examples:\n"
+            "  retool sft make-demos --dataset demo:train --output demos.jsonl\n"
+            "  retool sft --config configs/demo.toml --data demos.jsonl --run-dir runs/sft\n"
+            "  retool train --config configs/demo.toml --init-from CHECKPOINT\n\n"
+            "`retool sft make-demos --help` describes the demonstration writer."
+        ),
+    )
+    parser.add_argument("--config", help="a TOML config file (default: built-in defaults)")
+    parser.add_argument(
+        "--data", metavar="FILE.jsonl", help="the conversations to train on (required)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value",
+    )
+    parser.add_argument("--run-dir", help="the run directory (default: train.run_dir)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the last complete checkpoint"
+    )
+    parser.add_argument("--init-from", metavar="CHECKPOINT", help="start from these saved weights")
+    parser.add_argument(
+        "--tracker", metavar="NAME", help="also log to swanlab, wandb or tensorboard (offline)"
+    )
+    parser.set_defaults(handler=run_train)
+
+    verbs = parser.add_subparsers(dest="verb", metavar="{make-demos}", required=False)
+    demos = verbs.add_parser(
+        "make-demos",
+        help="write demonstrations from the demo dataset's reference solutions",
+        description="Write one conversation per demo problem: a short varied reasoning "
+        "sentence, the reference solution as a tool call, the real sandbox output, and the "
+        "\\boxed{} answer. Problems whose sandbox output does not match the reference "
+        "answer are skipped. The file is written atomically.",
+    )
+    demos.add_argument(
+        "--dataset",
+        default="demo:train",
+        help="demo[:train|dev]: only the bundled demo set carries reference solutions "
+        "(default demo:train; test is held out)",
+    )
+    demos.add_argument("--output", required=True, metavar="FILE", help="the JSONL file to write")
+    demos.add_argument("--limit", type=int, default=None, help="at most N problems (default all)")
+    demos.add_argument("--seed", type=int, default=0, help="phrasing seed (default 0)")
+    demos.set_defaults(handler=run_make_demos)
+
+
+def _demo_split(spec: str) -> str:
+    name, _, split = spec.partition(":")
+    if name != "demo":
+        raise ConfigError(
+            f"--dataset {spec}: make-demos needs reference solutions, which only the bundled "
+            "demo dataset has (demo, demo:train or demo:dev)"
+        )
+    split = split or "train"
+    if split == "test":
+        raise ConfigError("--dataset demo:test: the test split is held out for evaluation")
+    return split
+
+
+def _check_output(output: Path) -> None:
+    if output.is_dir():
+        raise ConfigError(f"--output {output}: is a directory")
+    if not output.parent.is_dir():
+        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist")
+
+
+def run_make_demos(args: argparse.Namespace) -> int:
+    from retool.config import load_config
+    from retool.data.demo import demo_problems
+    from retool.sandbox import LocalSandbox
+    from retool.training.sft_data import make_demonstrations, write_conversations
+
+    training = {
+        "--config": args.config,
+        "--data": args.data,
+        "--set": args.overrides,
+        "--run-dir": args.run_dir,
+        "--resume": args.resume,
+        "--init-from": args.init_from,
+        "--tracker": args.tracker,
+    }
+    given = [flag for flag, value in training.items() if value]
+    if given:
+        raise ConfigError(f"{given[0]} belongs to `retool sft` training, not to make-demos")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    output = Path(args.output)
+    _check_output(output)
+    split = _demo_split(args.dataset)
+    problems = demo_problems(split)[: args.limit]
+    limits = load_config().sandbox
+    with LocalSandbox(
+        timeout=limits.timeout,
+        memory_mb=limits.memory_mb,
+        max_workers=limits.max_workers,
+        isolation=limits.isolation,
+        max_output_bytes=limits.max_output_bytes,
+    ) as sandbox:
+        conversations = make_demonstrations(problems, sandbox, seed=args.seed)
+    kept = {c.id for c in conversations}
+    skipped = [p.id for p in problems if p.id not in kept]
+    if not conversations:
+        raise DataError(
+            f"no demonstration could be made: the sandbox output of all {len(problems)} "
+            "reference solutions differed from the answer; check `retool sandbox check`"
+        )
+    written = write_conversations(output, conversations)
+    note = f", first: {', '.join(skipped[:5])}" if skipped else ""
+    print(
+        f"wrote {written} conversations to {output} from demo:{split} "
+        f"({len(skipped)} skipped: sandbox output did not match the answer{note})"
+    )
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from retool.config import load_config
+
+    if args.data is None:
+        raise ConfigError("--data FILE.jsonl is required (write one with `retool sft make-demos`)")
+    data = Path(args.data)
+    if data.is_dir():
+        raise ConfigError(f"--data {data}: is a directory, expected a .jsonl file")
+    if not data.exists():
+        raise ConfigError(f"--data {data}: no such file")
+    config = load_config(args.config, args.overrides)
+    try:
+        from retool.training.sft import run_sft
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("retool.training.sft", "retool.training"):
+            raise
+        raise RetoolError("SFT training is not available yet (retool.training.sft)") from None
+    result = run_sft(
+        config,
+        data,
+        run_dir=args.run_dir,
+        resume=args.resume,
+        init_from=args.init_from,
+        tracker=args.tracker,
+    )
+    return int(result) if isinstance(result, int) else 0

@@ -1,0 +1,150 @@
+"""``retool sft``: make-demos end to end, training-form validation and forwarding."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import retool.cli
+from retool.cli import sft
+from retool.training.sft_data import load_conversations
+
+# Until ``sft`` is listed in retool.cli.COMMANDS, run the real ``main`` with it added.
+_SHIM = (
+    "import sys, retool.cli as c, retool.cli.sft as s\n"
+    "if s not in c.COMMANDS:\n"
+    "    c.COMMANDS = (*c.COMMANDS, s)\n"
+    "sys.exit(c.main(sys.argv[1:]))\n"
+)
+
+
+def _retool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    entry = Path(sys.executable).parent / "retool"
+    if sft in retool.cli.COMMANDS and entry.exists():
+        command = [str(entry), *args]
+    else:
+        command = [sys.executable, "-c", _SHIM, *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=False, cwd=cwd
+    )
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("retool: error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_make_demos_writes_a_loadable_file(tmp_path):
+    output = tmp_path / "demos.jsonl"
+    done = _retool(
+        "sft", "make-demos", "--dataset", "demo", "--limit", "5", "--output", str(output)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote 5 conversations" in done.stdout and "demo:train" in done.stdout
+    conversations = load_conversations(output)
+    assert [c.id for c in conversations] == [f"demo-train-{i:04d}" for i in range(5)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--output", "{dir}"], ["--output", "is a directory"]),
+        (["--dataset", "demo:nope", "--output", "{out}"], ["demo split", "'nope'"]),
+        (["--dataset", "demo:test", "--output", "{out}"], ["held out"]),
+        (["--dataset", "data.jsonl", "--output", "{out}"], ["reference solutions"]),
+        (["--limit", "0", "--output", "{out}"], ["--limit must be >= 1"]),
+        (["--output", "{dir}/missing/x.jsonl"], ["does not exist"]),
+    ],
+    ids=["output-dir", "unknown-split", "test-split", "not-demo", "limit-0", "no-parent"],
+)
+def test_make_demos_bad_inputs_are_one_line_and_write_nothing(tmp_path, args, fragments):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "demos.jsonl"
+    filled = [a.format(dir=work, out=out) for a in args]
+    _one_line_error(_retool("sft", "make-demos", *filled), *fragments)
+    assert list(work.iterdir()) == []
+
+
+def test_help_documents_both_forms():
+    top = _retool("sft", "--help")
+    assert top.returncode == 0
+    for word in ("make-demos", "--data", "--resume", "--init-from", "--tracker", "--set"):
+        assert word in top.stdout
+    verb = _retool("sft", "make-demos", "--help")
+    assert verb.returncode == 0
+    for word in ("--dataset", "--output", "--limit", "--seed", "boxed"):
+        assert word in verb.stdout
+    assert "--data " not in verb.stdout
+
+
+def test_training_form_validation(tmp_path):
+    _one_line_error(_retool("sft"), "--data FILE.jsonl is required")
+    _one_line_error(_retool("sft", "--data", str(tmp_path / "nope.jsonl")), "no such file")
+    _one_line_error(_retool("sft", "--data", str(tmp_path)), "is a directory")
+    out = tmp_path / "demos.jsonl"
+    mixed = _retool("sft", "--data", "x.jsonl", "make-demos", "--output", str(out))
+    _one_line_error(mixed, "--data belongs to `retool sft` training")
+    assert not out.exists()
+
+
+def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
+    """The contract with retool.training.sft.run_sft, checked with a stand-in module."""
+    calls = []
+
+    def run_sft(config, data_path, **kwargs):
+        calls.append((config, data_path, kwargs))
+        return 0
+
+    monkeypatch.setitem(sys.modules, "retool.training.sft", types.SimpleNamespace(run_sft=run_sft))
+    if sft not in retool.cli.COMMANDS:
+        monkeypatch.setattr(retool.cli, "COMMANDS", (*retool.cli.COMMANDS, sft))
+    data = tmp_path / "demos.jsonl"
+    data.write_text("{}\n")
+    code = retool.cli.main(
+        [
+            "sft",
+            "--data",
+            str(data),
+            "--set",
+            "train.steps=3",
+            "--set",
+            "train.learning_rate=0.001",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--resume",
+            "--init-from",
+            "ckpt/step_000002",
+            "--tracker",
+            "tensorboard",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    ((config, data_path, kwargs),) = calls
+    assert config.train.steps == 3 and config.train.learning_rate == 0.001
+    assert Path(data_path) == data
+    assert kwargs == {
+        "run_dir": str(tmp_path / "run"),
+        "resume": True,
+        "init_from": "ckpt/step_000002",
+        "tracker": "tensorboard",
+    }
+    calls.clear()
+    assert retool.cli.main(["sft", "--data", str(data)]) == 0
+    ((config, _, kwargs),) = calls
+    assert kwargs == {"run_dir": None, "resume": False, "init_from": None, "tracker": None}
+
+
+def test_bad_config_override_is_one_error(tmp_path):
+    data = tmp_path / "demos.jsonl"
+    data.write_text("{}\n")
+    _one_line_error(_retool("sft", "--data", str(data), "--set", "train.steps=0"), "train.steps")

@@ -1,0 +1,412 @@
+"""Cold-start SFT data: the file format, demonstrations, and the RL-exact rendering."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from retool.config import RolloutConfig
+from retool.data.demo import demo_problems
+from retool.data.examples import MathExample
+from retool.errors import DataError, RetoolError
+from retool.protocol import get_protocol
+from retool.reward import RewardResult
+from retool.rollout import rollout_batch
+from retool.rollout.types import StopReason as EndReason
+from retool.sandbox import LocalSandbox
+from retool.sandbox.result import ErrorKind, ExecResult
+from retool.training.datum import DatumError, build_datum
+from retool.training.sft_data import (
+    CALL_LEADS,
+    Conversation,
+    build_sft_datum,
+    end_of_turn_token,
+    load_conversations,
+    make_demonstrations,
+    render_conversation,
+    write_conversations,
+)
+from retool.types import SampledSequence, SampleResponse, StopReason
+from tests.rollout.fakes import FakeSandbox
+
+DIALECTS = ("markdown", "hermes_json", "qwen3_xml")
+
+USER = {"role": "user", "content": "What is 2^10?"}
+CALL = {"role": "assistant", "content": "Let me compute.", "code": "print(2**10)"}
+TOOL = {"role": "tool", "content": "1024\n"}
+ANSWER = {"role": "assistant", "content": "The answer is \\boxed{1024}"}
+GOOD = {"id": "a", "messages": [USER, CALL, TOOL, ANSWER]}
+
+# Two calls, the second after an error, then the answer: a three-turn trajectory.
+THREE_TURNS = Conversation(
+    id="three",
+    messages=(
+        {"role": "user", "content": "What is the sum of the digits of 2^100?"},
+        {"role": "assistant", "content": "First the power.", "code": "print(2**100"},
+        {"role": "tool", "content": "SyntaxError: '(' was never closed"},
+        {
+            "role": "assistant",
+            "content": "I missed a parenthesis; again, with the digit sum.",
+            "code": "n = 2**100\nprint(sum(int(d) for d in str(n)))\n",
+        },
+        {"role": "tool", "content": "115\n"},
+        {"role": "assistant", "content": "The digit sum is 115.\n\\boxed{115}"},
+    ),
+)
+
+
+def _line(record) -> str:
+    return json.dumps(record)
+
+
+def _messages(*messages) -> str:
+    return _line({"id": "x", "messages": list(messages)})
+
+
+# -- loading: every defect names path:line and the field -------------------------------
+
+DEFECTS = [
+    ("not json", '{"id": "x", "messages": [', 1, "not valid JSON"),
+    ("not an object", "[1, 2]", 1, "expected a JSON object"),
+    ("missing messages", _line({"id": "x"}), 1, "messages: missing"),
+    ("missing id", _line({"messages": [USER, ANSWER]}), 1, "id: missing"),
+    ("empty id", _line({"id": " ", "messages": [USER, ANSWER]}), 1, "id: must be"),
+    ("id not a string", _line({"id": 7, "messages": [USER, ANSWER]}), 1, "id: must be"),
+    ("unknown top field", _line({**GOOD, "meta": {}}), 1, "meta: unknown field"),
+    ("messages not a list", _line({"id": "x", "messages": "hi"}), 1, "messages: must be a list"),
+    ("empty messages", _line({"id": "x", "messages": []}), 1, "messages: empty"),
+    ("message not object", _messages(USER, "hi"), 1, "messages[1]: must be an object"),
+    ("bad role", _messages(USER, {"role": "robot", "content": "x"}), 1, "messages[1].role"),
+    ("missing role", _messages(USER, {"content": "x"}), 1, "messages[1].role: missing"),
+    (
+        "system message",
+        _messages({"role": "system", "content": "s"}, USER, ANSWER),
+        1,
+        "messages[0].role: 'system'",
+    ),
+    ("first not user", _messages(ANSWER), 1, "messages[0].role: the first message"),
+    ("second user", _messages(USER, USER, ANSWER), 1, "messages[1].role: 'user'"),
+    ("no final assistant", _messages(USER, CALL, TOOL), 1, "messages: no final assistant"),
+    ("only the question", _messages(USER), 1, "messages: no final assistant"),
+    ("call not answered", _messages(USER, CALL, ANSWER), 1, "messages[1].code: the call is not"),
+    ("call at the end", _messages(USER, CALL), 1, "messages[1].code: the call is not"),
+    ("tool without call", _messages(USER, TOOL, ANSWER), 1, "messages[1].role: a tool message"),
+    (
+        "tool after an answer",
+        _messages(USER, ANSWER, TOOL, ANSWER),
+        1,
+        "messages[1].code: missing",
+    ),
+    ("two tools", _messages(USER, CALL, TOOL, TOOL, ANSWER), 1, "messages[3].role: a tool"),
+    ("content not a string", _messages(USER, {**ANSWER, "content": 5}), 1, "messages[1].content"),
+    ("content missing", _messages(USER, {"role": "assistant"}), 1, "messages[1].content: missing"),
+    (
+        "code not a string",
+        _messages(USER, {**CALL, "code": 1}, TOOL, ANSWER),
+        1,
+        "messages[1].code",
+    ),
+    ("empty code", _messages(USER, {**CALL, "code": "  "}, TOOL, ANSWER), 1, "messages[1].code"),
+    ("code on a tool", _messages(USER, CALL, {**TOOL, "code": "x"}, ANSWER), 1, "messages[2].code"),
+    (
+        "openai tool_calls",
+        _messages(USER, {**CALL, "tool_calls": []}, TOOL, ANSWER),
+        1,
+        "messages[1].tool_calls: unknown field",
+    ),
+    ("empty answer", _messages(USER, {**ANSWER, "content": " "}), 1, "messages[1].content"),
+    ("empty question", _messages({**USER, "content": ""}, ANSWER), 1, "messages[0].content"),
+    ("later line", _line(GOOD) + "\n\n" + _messages(USER, CALL), 3, "messages[1].code"),
+    (
+        "duplicate id",
+        _line(GOOD) + "\n" + _line(GOOD),
+        2,
+        "id: duplicate 'a' (first on line 1)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "text, line, expected", [d[1:] for d in DEFECTS], ids=[d[0] for d in DEFECTS]
+)
+def test_each_defect_names_path_line_and_field(tmp_path, text, line, expected):
+    path = tmp_path / "data.jsonl"
+    path.write_text(text + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as caught:
+        load_conversations(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(_line(GOOD).encode() + b'\n{"id": "\xff"}\n')
+    with pytest.raises(DataError, match=r"data\.jsonl:2: not UTF-8 \(byte 0xff"):
+        load_conversations(path)
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_empty_file(tmp_path, content):
+    path = tmp_path / "data.jsonl"
+    path.write_text(content)
+    with pytest.raises(DataError, match=r"data\.jsonl: no conversations"):
+        load_conversations(path)
+
+
+def test_directory_and_missing_file(tmp_path):
+    with pytest.raises(DataError, match="is a directory"):
+        load_conversations(tmp_path)
+    with pytest.raises(DataError, match=r"nope\.jsonl: no such file"):
+        load_conversations(tmp_path / "nope.jsonl")
+
+
+def test_utf8_bom_and_blank_lines_are_accepted(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _line(GOOD).encode() + b"\n\n\r\n")
+    (conversation,) = load_conversations(path)
+    assert conversation.id == "a" and conversation.question == USER["content"]
+    assert conversation.code_calls == 1
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def test_round_trip(tmp_path):
+    unicode = Conversation(
+        id="ü-1",
+        messages=(
+            {"role": "user", "content": "Combien font 3 × 4 ? «exact»"},
+            {"role": "assistant", "content": "", "code": "print('π', 3 * 4)"},
+            {"role": "tool", "content": "π 12\n"},
+            {"role": "assistant", "content": "\\boxed{12}"},
+        ),
+    )
+    conversations = [Conversation.from_record(GOOD), THREE_TURNS, unicode]
+    path = tmp_path / "out.jsonl"
+    assert write_conversations(path, conversations) == 3
+    assert load_conversations(path) == conversations
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no temporary left
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+    # Overwriting replaces the whole file.
+    write_conversations(path, conversations[:1])
+    assert load_conversations(path) == conversations[:1]
+
+
+def test_write_failures(tmp_path):
+    target = tmp_path / "adir"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    with pytest.raises(RetoolError, match="adir: cannot write"):
+        write_conversations(target, [THREE_TURNS])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+    with pytest.raises(RetoolError, match="missing/out.jsonl: cannot write"):
+        write_conversations(tmp_path / "missing" / "out.jsonl", [THREE_TURNS])
+    with pytest.raises(DataError, match="duplicate conversation id 'three'"):
+        write_conversations(tmp_path / "dup.jsonl", [THREE_TURNS, THREE_TURNS])
+    assert not (tmp_path / "dup.jsonl").exists()
+
+
+def test_constructing_an_invalid_conversation_raises():
+    with pytest.raises(DataError, match=r"messages\[1\]\.code: the call is not followed"):
+        Conversation(id="x", messages=(USER, CALL))
+    with pytest.raises(DataError, match="id: must be a non-empty string"):
+        Conversation(id="", messages=(USER, ANSWER))
+
+
+# -- demonstrations --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with LocalSandbox(timeout=5.0, memory_mb=512, max_workers=2) as sb:
+        yield sb
+
+
+def test_demonstrations_from_real_sandbox_output(sandbox):
+    problems = demo_problems("train")[:6]
+    conversations = make_demonstrations(problems, sandbox, seed=0)
+    assert [c.id for c in conversations] == [p.id for p in problems]
+    for problem, conversation in zip(problems, conversations, strict=True):
+        user, call, tool, answer = conversation.messages
+        assert user == {"role": "user", "content": problem.question}  # no system message
+        assert call["role"] == "assistant" and call["code"] == problem.solution
+        assert call["content"] in CALL_LEADS
+        assert tool["role"] == "tool" and tool["content"].strip() == str(problem.answer)
+        assert answer["role"] == "assistant" and "code" not in answer
+        assert answer["content"].endswith(f"\\boxed{{{problem.answer}}}")
+    # Varied phrasing across problems, reproducible for a seed, different for another.
+    assert len({c.messages[1]["content"] for c in conversations}) >= 3
+    answers = {
+        c.messages[3]["content"].replace(c.messages[2]["content"].strip(), "X")
+        for c in conversations
+    }
+    assert len(answers) >= 4
+    assert make_demonstrations(problems, sandbox, seed=0) == conversations
+    assert make_demonstrations(problems, sandbox, seed=1) != conversations
+    # A problem gets the same text whatever subset it is generated in.
+    assert make_demonstrations(problems[3:4], sandbox, seed=0) == conversations[3:4]
+
+
+def test_demonstrations_skip_mismatched_and_failed_runs():
+    problems = demo_problems("train")[:4]
+    wrong, failing = problems[1].solution, problems[2].solution
+
+    class Runs:
+        max_workers = 3
+
+        def run(self, code: str) -> ExecResult:
+            if code == failing:
+                return ExecResult(False, "", "Boom", 1, False, 0.0, False, ErrorKind.ERROR)
+            problem = next(p for p in problems if p.solution == code)
+            out = "41\n" if code == wrong else f"{problem.answer}\n"
+            return ExecResult(True, out, "", 0, False, 0.0, False)
+
+    conversations = make_demonstrations(problems, Runs())
+    assert [c.id for c in conversations] == [problems[0].id, problems[3].id]
+
+
+# -- rendering: exactly the rollout's prefix chain ----------------------------------------
+
+
+@dataclass
+class ReplaySampler:
+    """Answers each request with the next weight-1 run of a rendered conversation."""
+
+    tokenizer: object
+    tokens: list[int]
+    weights: list[float]
+    prompts: list[list[int]] = field(default_factory=list)
+
+    async def sample_async(self, prompt, num_samples, params):
+        ids = prompt.to_ints()
+        self.prompts.append(ids)
+        assert ids == self.tokens[: len(ids)], "the rollout's prompt left the rendered chain"
+        end = len(ids)
+        while end < len(self.tokens) and self.weights[end] == 1.0:
+            end += 1
+        completion = self.tokens[len(ids) : end]
+        text = self.tokenizer.decode(completion, skip_special_tokens=True)
+        sequence = SampledSequence(
+            tuple(completion), tuple(-0.25 for _ in completion), text, StopReason.STOP
+        )
+        return SampleResponse((sequence,) * num_samples)
+
+
+def _rollout(conversation: Conversation, dialect_name: str, tokenizer, tokens, weights):
+    outputs = iter(m["content"] for m in conversation.messages if m["role"] == "tool")
+    sandbox = FakeSandbox(outputs=lambda code: next(outputs))
+    sampler = ReplaySampler(tokenizer, tokens, weights)
+    config = RolloutConfig(group_size=1, protocol=dialect_name, max_code_calls=4)
+    example = MathExample(id=conversation.id, question=conversation.question, answer="0")
+    result = rollout_batch(
+        sampler,
+        tokenizer,
+        sandbox,
+        [example],
+        config,
+        scorer=lambda text, ref: RewardResult(-1.0, False, True, None),
+    )
+    (trajectory,) = result.trajectories
+    return trajectory, sampler, sandbox
+
+
+@pytest.mark.parametrize("dialect_name", DIALECTS)
+@pytest.mark.parametrize(
+    "conversation", [Conversation.from_record(GOOD), THREE_TURNS], ids=["two", "three"]
+)
+def test_rendering_is_the_rollout_prefix_chain(smol_tokenizer, dialect_name, conversation):
+    dialect = get_protocol(dialect_name)
+    tokens, weights = render_conversation(conversation, dialect, smol_tokenizer)
+    assert len(tokens) == len(weights) and set(weights) == {0.0, 1.0}
+
+    trajectory, _, sandbox = _rollout(conversation, dialect_name, smol_tokenizer, tokens, weights)
+    assert trajectory.stop_reason == EndReason.ANSWER, trajectory.error
+    calls = [m["code"] for m in conversation.messages if "code" in m]
+    assert [o.code.rstrip("\n") for o in trajectory.observations] == [c.rstrip("\n") for c in calls]
+    assert len(sandbox.calls) == len(calls)
+    assert len(trajectory.turns) == len(calls) + 1
+    # P_{i+1} == P_i + C_i + D_i, and the SFT tokens are the last prompt plus the answer.
+    for turn, following in zip(trajectory.turns, trajectory.turns[1:], strict=False):
+        assert following.prompt_tokens[: len(turn.prompt_tokens)] == turn.prompt_tokens
+        start = len(turn.prompt_tokens)
+        assert following.prompt_tokens[start : start + len(turn.completion_tokens)] == (
+            turn.completion_tokens
+        )
+    last = trajectory.turns[-1]
+    assert last.prompt_tokens + last.completion_tokens == tokens
+    # Weights are 1 exactly on the sampled completion tokens.
+    expected = [0.0] * len(tokens)
+    for turn in trajectory.turns:
+        start = len(turn.prompt_tokens)
+        expected[start : start + len(turn.completion_tokens)] = [1.0] * len(turn.completion_tokens)
+    assert weights == expected
+    # The RL datum of that trajectory has the same inputs and the same loss positions.
+    trajectory.advantage = 1.0
+    rl = build_datum(trajectory, max_context_tokens=100_000)
+    sft = build_sft_datum(conversation, dialect, smol_tokenizer, max_context_tokens=100_000)
+    assert sft.datum.model_input.to_ints() == rl.datum.model_input.to_ints()
+    target = sft.datum.loss_fn_inputs["target_tokens"].to_numpy().tolist()
+    assert target == rl.datum.loss_fn_inputs["target_tokens"].to_numpy().tolist()
+    sft_weights = sft.datum.loss_fn_inputs["weights"].to_numpy().tolist()
+    assert sft_weights == rl.datum.loss_fn_inputs["advantages"].to_numpy().tolist()
+    assert sft.loss_tokens == rl.loss_tokens == sum(weights[1:])
+
+
+@pytest.mark.parametrize("dialect_name", DIALECTS)
+def test_weighted_tokens_spell_the_calls_and_the_answer(smol_tokenizer, dialect_name):
+    dialect = get_protocol(dialect_name)
+    tokens, weights = render_conversation(THREE_TURNS, dialect, smol_tokenizer)
+    runs: list[list[int]] = []
+    for i, (token, weight) in enumerate(zip(tokens, weights, strict=True)):
+        if weight:
+            if i == 0 or not weights[i - 1]:
+                runs.append([])
+            runs[-1].append(token)
+    assert len(runs) == 3
+    texts = [smol_tokenizer.decode(run) for run in runs]
+    for text, message in zip(texts[:2], THREE_TURNS.messages[1:5:2], strict=True):
+        parsed = dialect.parse(text)
+        assert parsed.kind == "tool" and parsed.code.rstrip("\n") == message["code"].rstrip("\n")
+        assert parsed.content == message["content"]
+        assert "<|im_end|>" not in text  # the sampler stops at the call's end
+    assert texts[2] == THREE_TURNS.messages[-1]["content"] + "<|im_end|>"
+    assert runs[2][-1] == smol_tokenizer.eos_token_id == end_of_turn_token(dialect, smol_tokenizer)
+    # Observations are context: present, never weighted.
+    unweighted = smol_tokenizer.decode([t for t, w in zip(tokens, weights, strict=True) if not w])
+    assert "never closed" in unweighted and "115" in unweighted
+    assert "What is the sum of the digits" in unweighted
+
+
+def test_build_sft_datum_is_shifted_once(smol_tokenizer):
+    dialect = get_protocol("markdown")
+    conversation = Conversation.from_record(GOOD)
+    tokens, weights = render_conversation(conversation, dialect, smol_tokenizer)
+    item = build_sft_datum(conversation, dialect, smol_tokenizer, len(tokens) - 1, index=4)
+    assert item.datum.model_input.to_ints() == tokens[:-1]
+    assert item.datum.loss_fn_inputs["target_tokens"].to_numpy().tolist() == tokens[1:]
+    assert item.datum.loss_fn_inputs["weights"].to_numpy().tolist() == weights[1:]
+    assert set(item.datum.loss_fn_inputs) == {"target_tokens", "weights"}
+    assert item.num_tokens == len(tokens) - 1
+    assert item.loss_tokens == sum(weights[1:]) and weights[0] == 0.0
+    assert item.trajectory_index == 4 and "'a'" in item.id
+    with pytest.raises(DatumError, match=r"conversation 4 \('a'\).*max_context_tokens="):
+        build_sft_datum(conversation, dialect, smol_tokenizer, len(tokens) - 2, index=4)
+
+
+def test_conversations_a_dialect_cannot_express(smol_tokenizer):
+    fenced = Conversation(
+        id="fence",
+        messages=(USER, {**CALL, "code": "s = '''\n```\n'''\nprint(s)"}, TOOL, ANSWER),
+    )
+    with pytest.raises(DataError, match=r"'fence', messages\[1\]\.code: cannot be written"):
+        render_conversation(fenced, get_protocol("markdown"), smol_tokenizer)
+    render_conversation(fenced, get_protocol("qwen3_xml"), smol_tokenizer)  # fine there
+    calling = Conversation(
+        id="calls", messages=(USER, {**ANSWER, "content": "<tool_call>\n{}\n</tool_call>"})
+    )
+    with pytest.raises(DataError, match=r"'calls', messages\[1\]: the answer would be read"):
+        render_conversation(calling, get_protocol("hermes_json"), smol_tokenizer)
