@@ -45,6 +45,7 @@ import fcntl
 import importlib
 import json
 import os
+import queue
 import resource
 import select
 import shutil
@@ -52,6 +53,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -513,8 +515,9 @@ class Zygote:
                     os.close(fd)
 
 
-def _receive_prepared(sock: socket.socket) -> Prepared:
-    sock.sendall(b"p")
+def _receive_prepared(sock: socket.socket, ask: bool = True) -> Prepared:
+    if ask:
+        sock.sendall(b"p")
     data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 3)
     if not data or len(fds) != 3:
         for fd in fds:
@@ -556,8 +559,7 @@ class Handler:
         self.conn = conn
         self.factory = factory
         self.level = level
-        self.memory_mb: int | None = None
-        self.reap: list[Prepared] = []  # finished calls whose cgroup is not removed yet
+        self._finished: queue.SimpleQueue[Prepared] = queue.SimpleQueue()
 
     def _started(self, prepared: Prepared) -> int | None:
         """B's pid as A reported it (written right after A forks B)."""
@@ -591,7 +593,7 @@ class Handler:
         cap = int(request["max_output_bytes"])
         stdout, out_cut, out_size = _tail(prepared.out_path, cap)
         stderr, err_cut, err_size = _tail(prepared.err_path, cap)
-        self.reap.append(prepared)
+        self._retire(prepared)
         return {
             "returncode": returncode,
             "timed_out": timed_out,
@@ -636,20 +638,39 @@ class Handler:
             os.close(prepared.code_w)
             prepared.code_w = -1
         self._kill(prepared)
-        self.reap.append(prepared)
+        self._retire(prepared)
 
-    def _reap(self, final: bool = False) -> None:
-        deadline = time.monotonic() + (2.0 if final else 0.0)
+    def _retire(self, prepared: Prepared) -> None:
+        """Hand a finished call to the cleaner thread (off the critical path)."""
+        self._finished.put(prepared)
+
+    def _clean(self) -> None:
+        """Cleaner thread: close, unlink and rmdir finished calls, retrying busy ones."""
+        busy: list[Prepared] = []
         while True:
-            self.reap = [p for p in self.reap if not self._finish(p)]
-            if not self.reap or time.monotonic() >= deadline:
+            try:
+                item = self._finished.get(timeout=0.05 if busy else None)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                deadline = time.monotonic() + 2.0
+                while busy and time.monotonic() < deadline:
+                    busy = [p for p in busy if not self._finish(p)]
+                    time.sleep(0.01)
                 return
-            time.sleep(0.01)
+            if item is not None:
+                busy.append(item)
+            busy = [p for p in busy if not self._finish(p)]
 
     def serve(self) -> None:
-        # Two calls prepared ahead: the one a request takes has had a whole call's
-        # time to finish its namespace and mount set-up.
-        ready = [_receive_prepared(self.factory), _receive_prepared(self.factory)]
+        # One call prepared and one being prepared by the zygote while the first
+        # runs: the call a request takes has had a whole call's time for its
+        # namespace, cgroup and mount set-up, and no request waits on the zygote.
+        cleaner = threading.Thread(target=self._clean, daemon=True)
+        cleaner.start()
+        ready = [_receive_prepared(self.factory)]
+        self.factory.sendall(b"p")
+        pending = 1
         try:
             while True:
                 request = recv_frame(self.conn)
@@ -658,6 +679,9 @@ class Handler:
                 if request.get("op") == "ping":
                     send_frame(self.conn, {"pong": True})
                     continue
+                if not ready:
+                    ready.append(_receive_prepared(self.factory, ask=False))
+                    pending -= 1
                 prepared = ready.pop(0)
                 try:
                     reply = self.run(prepared, request)
@@ -665,12 +689,19 @@ class Handler:
                     self.discard(prepared)
                     reply = {"error": f"{type(exc).__name__}: {exc}"}
                 send_frame(self.conn, reply)
-                self._reap()  # after the reply: off the critical path
-                ready.append(_receive_prepared(self.factory))
+                if pending:
+                    ready.append(_receive_prepared(self.factory, ask=False))
+                    pending -= 1
+                self.factory.sendall(b"p")
+                pending += 1
         finally:
             for prepared in ready:
                 self.discard(prepared)
-            self._reap(final=True)
+            self._finished.put(_STOP)
+            cleaner.join(5)
+
+
+_STOP: Any = object()
 
 
 def _close_all_except(*keep: int) -> None:
@@ -800,7 +831,8 @@ def probe_full(workdir: str, real_root: bool, uid_base: int, boot_path: str) -> 
             prepared,
             {"code": "print(6 * 7)", "timeout": 20, "memory_mb": 256, "max_output_bytes": 4096},
         )
-        handler._reap(final=True)
+        handler._finished.put(_STOP)
+        handler._clean()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(info["pid_a"], 0)
     except (OSError, RuntimeError) as exc:
