@@ -2,8 +2,9 @@
 
 The reference ran every snippet with a fresh ``python -c`` (CPU rlimit, the
 parent's environment). We time the same snippets both ways in one run and
-print medians, p95 and the ratio. Used by ``retool sandbox bench`` and
-``bench/sandbox.py``.
+print medians, p95 and the ratio, then the cost of each isolation layer (the
+same sandbox with that layer switched off). Used by ``retool sandbox bench``
+and ``bench/sandbox.py``.
 """
 
 from __future__ import annotations
@@ -65,17 +66,22 @@ def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
+def _without(*layers: str) -> type[LocalSandbox]:
+    return type("LocalSandboxWithout", (LocalSandbox,), {"_disable_layers": layers})
+
+
 def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print) -> dict:
-    """Measure and print the table; returns the figures."""
+    """Measure and print the tables; returns the figures."""
     results: dict[str, dict] = {}
+    w = max(workers, 1)
     with (
-        LocalSandbox(max_workers=max(workers, 1)) as ours,
-        LocalSandbox(max_workers=max(workers, 1), isolation="none") as bare,
+        LocalSandbox(max_workers=w) as ours,
+        LocalSandbox(max_workers=w, isolation="none") as bare,
     ):
         log(f"isolation level: {ours.isolation_level}; n={n} calls per cell, median / p95 in ms")
         log(
-            f"{'snippet':<8} {'fresh python -c':>18} {'ours (no isolation)':>22} "
-            f"{'ours (full)':>16} {'speed-up':>9} {'isolation cost':>15}"
+            f"{'snippet':<8} {'fresh python -c':>18} {'ours (basic)':>16} "
+            f"{'ours (full)':>16} {'speed-up':>9} {'full - basic':>13}"
         )
         for name, code in SNIPPETS.items():
             ref = _time(lambda c=code: fresh_python(c), n)
@@ -89,17 +95,27 @@ def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print)
                 "speedup": ratio,
             }
             log(
-                f"{name:<8} {ref.p50_ms:>8.1f} / {ref.p95_ms:>6.1f} {plain.p50_ms:>12.1f} / "
+                f"{name:<8} {ref.p50_ms:>8.1f} / {ref.p95_ms:>6.1f} {plain.p50_ms:>6.1f} / "
                 f"{plain.p95_ms:>6.1f} {full.p50_ms:>7.1f} / {full.p95_ms:>6.1f} "
-                f"{ratio:>8.1f}x {full.p50_ms - plain.p50_ms:>+12.1f} ms"
+                f"{ratio:>8.1f}x {full.p50_ms - plain.p50_ms:>+10.1f} ms"
             )
         code = SNIPPETS["sympy"]
-        for w in sorted({1, workers}):
-            ref_tp = _throughput(lambda: fresh_python(code), w, n)
-            our_tp = _throughput(lambda: ours.run(code), w, n)
-            results[f"throughput_{w}"] = {"fresh": ref_tp, "ours": our_tp}
+        for k in sorted({1, workers}):
+            ref_tp = _throughput(lambda: fresh_python(code), k, n)
+            our_tp = _throughput(lambda: ours.run(code), k, n)
+            results[f"throughput_{k}"] = {"fresh": ref_tp, "ours": our_tp}
             log(
-                f"throughput (sympy snippet, {w} worker{'s' if w > 1 else ''}): fresh "
+                f"throughput (sympy snippet, {k} worker{'s' if k > 1 else ''}): fresh "
                 f"{ref_tp:.1f} req/s, ours {our_tp:.1f} req/s ({our_tp / ref_tp:.1f}x)"
             )
+        full_print = _time(lambda: ours.run(SNIPPETS["print"]), n)
+    log("cost of each layer on `print` (full minus full-without-it, p50 ms):")
+    for layer in ("seccomp", "cgroups"):
+        with _without(layer)(max_workers=w) as partial:
+            less = _time(lambda sb=partial: sb.run(SNIPPETS["print"]), n)
+        results[f"layer_{layer}"] = full_print.p50_ms - less.p50_ms
+        log(
+            f"  {layer:<8} full {full_print.p50_ms:.1f}, without {less.p50_ms:.1f}: "
+            f"{full_print.p50_ms - less.p50_ms:+.1f} ms"
+        )
     return results

@@ -116,3 +116,28 @@ def drop_all_capabilities() -> None:
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
     data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable} sets, zero
     _syscall("capset", header, data)
+
+
+CLONE_VM = 0x00000100
+_PIN_STACK = ctypes.create_string_buffer(1 << 14)
+
+
+def pin_address_space() -> int:
+    """Start a process that shares our memory and sleeps in ``pause()``; its pid.
+
+    While it lives, our own exit does not wait for the kernel to tear down our
+    (large, forked) address space, so whoever waits for us learns our exit
+    status sooner; the teardown happens when the pin is killed. The pin runs no
+    Python, only libc's ``pause``, on a small stack of its own.
+    """
+    top = (ctypes.addressof(_PIN_STACK) + len(_PIN_STACK) - 64) & ~0xF
+    pid = _libc.clone(
+        ctypes.cast(_libc.pause, ctypes.c_void_p),
+        ctypes.c_void_p(top),
+        ctypes.c_int(CLONE_VM | 17),  # SIGCHLD to the parent when it dies
+        ctypes.c_void_p(None),
+    )
+    if pid < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"clone: {os.strerror(errno)}")
+    return pid

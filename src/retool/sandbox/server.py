@@ -71,6 +71,7 @@ MAX_FILE_BYTES = 8 << 20  # largest file a call may write (stdout/stderr include
 MAX_OPEN_FILES = 64
 TMPFS_MB = 64  # private /tmp of a call
 TMPFS_INODES = 4096  # files a call may create in its /tmp and /dev/shm
+PREPARE_AHEAD = 2  # calls each handler keeps prepared (or being prepared) ahead
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_STATUS = 70  # C's exit status when its set-up failed (a fact only with ready=0)
 
@@ -255,6 +256,7 @@ class CallSpec:
     binds: tuple[str, ...]
     masks: tuple[str, ...]
     boot_path: str  # import path for fresh-interpreter mode
+    seccomp: bool = True
 
 
 def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
@@ -281,7 +283,8 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         if os.getppid() != parent:
             os._exit(status)
         linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
-        seccomp.install(seccomp.build_program())
+        if spec.seccomp:
+            seccomp.install(seccomp.build_program())
         with os.fdopen(code_r, "rb") as handle:
             raw = handle.read()
         if not raw:
@@ -307,6 +310,9 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
                     str(ready_w),
                 ],
             )
+        if spec.level == FULL or spec.group is not None:  # something kills the pin
+            with contextlib.suppress(OSError):
+                linux.pin_address_space()
         os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
         os.close(ready_w)
         _reseed()
@@ -410,7 +416,9 @@ class Zygote:
         group: cgroups.Group | None,
         memory_mb: int,
         boot_path: str,
+        use_seccomp: bool = True,
     ) -> None:
+        self.use_seccomp = use_seccomp
         self.index = index
         self.level = level
         self.workdir = workdir
@@ -460,6 +468,7 @@ class Zygote:
             self.binds,
             self.masks,
             self.boot_path,
+            self.use_seccomp,
         )
         code_r, code_w = os.pipe()
         status_r, status_w = os.pipe()
@@ -505,14 +514,16 @@ class Zygote:
     def serve(self, sock: socket.socket) -> None:
         """Answer each byte from the handler with one prepared call (and its fds)."""
         while True:
-            if not sock.recv(1):
+            asked = sock.recv(64)
+            if not asked:
                 return
-            info, fds = self.prepare()
-            try:
-                socket.send_fds(sock, [json.dumps(info).encode()], fds)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            for _ in asked:
+                info, fds = self.prepare()
+                try:
+                    socket.send_fds(sock, [json.dumps(info).encode()], fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
 
 
 def _receive_prepared(sock: socket.socket, ask: bool = True) -> Prepared:
@@ -663,14 +674,14 @@ class Handler:
             busy = [p for p in busy if not self._finish(p)]
 
     def serve(self) -> None:
-        # One call prepared and one being prepared by the zygote while the first
-        # runs: the call a request takes has had a whole call's time for its
-        # namespace, cgroup and mount set-up, and no request waits on the zygote.
+        # PREPARE_AHEAD calls are always prepared or being prepared by the zygote:
+        # the call a request takes has had whole calls' time for its namespace,
+        # cgroup and mount set-up, and no request waits on the zygote.
         cleaner = threading.Thread(target=self._clean, daemon=True)
         cleaner.start()
-        ready = [_receive_prepared(self.factory)]
-        self.factory.sendall(b"p")
-        pending = 1
+        ready: list[Prepared] = []
+        self.factory.sendall(b"p" * PREPARE_AHEAD)
+        outstanding = PREPARE_AHEAD
         try:
             while True:
                 request = recv_frame(self.conn)
@@ -679,9 +690,9 @@ class Handler:
                 if request.get("op") == "ping":
                     send_frame(self.conn, {"pong": True})
                     continue
-                if not ready:
+                while outstanding and (not ready or select.select([self.factory], [], [], 0)[0]):
                     ready.append(_receive_prepared(self.factory, ask=False))
-                    pending -= 1
+                    outstanding -= 1
                 prepared = ready.pop(0)
                 try:
                     reply = self.run(prepared, request)
@@ -689,11 +700,8 @@ class Handler:
                     self.discard(prepared)
                     reply = {"error": f"{type(exc).__name__}: {exc}"}
                 send_frame(self.conn, reply)
-                if pending:
-                    ready.append(_receive_prepared(self.factory, ask=False))
-                    pending -= 1
                 self.factory.sendall(b"p")
-                pending += 1
+                outstanding += 1
         finally:
             for prepared in ready:
                 self.discard(prepared)
@@ -817,9 +825,11 @@ def _run_reaper(group: cgroups.Group | None, server_pid: int, alive_r: int) -> N
         os._exit(0)
 
 
-def probe_full(workdir: str, real_root: bool, uid_base: int, boot_path: str) -> str | None:
+def probe_full(
+    workdir: str, real_root: bool, uid_base: int, boot_path: str, use_seccomp: bool
+) -> str | None:
     """Run one call at the full level; the error text if it does not work."""
-    zygote = Zygote(0, FULL, workdir, False, real_root, uid_base, None, 256, boot_path)
+    zygote = Zygote(0, FULL, workdir, False, real_root, uid_base, None, 256, boot_path, use_seccomp)
     left, right = socket.socketpair()
     handler = Handler(left, right, FULL)
     try:
@@ -852,7 +862,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--isolation", default="auto", choices=["auto", "strict", "none"])
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--boot-path", default="")
+    parser.add_argument("--disable", default="", help="layers off, for benchmarks only")
     args = parser.parse_args(argv)
+    disabled = set(filter(None, args.disable.split(",")))
     workdir = args.dir
     os.makedirs(os.path.join(workdir, "root"), exist_ok=True)
     os.makedirs(os.path.join(workdir, "calls"), mode=0o711, exist_ok=True)
@@ -861,14 +873,21 @@ def main(argv: list[str] | None = None) -> None:
     missing: list[str] = []
     uid_base, _uid_lock = claim_uid_block(workdir) if real_root else (0, None)
     group, group_missing = cgroups.instance_group(f"retool-sandbox-{os.getpid()}")
+    if "cgroups" in disabled and group is not None:
+        group.remove()
+        group, group_missing = None, ["disabled"]
     if group is None or not group.killable:
         missing.append("a cgroup per call (" + "; ".join(group_missing) + ")")
     elif group_missing:
         missing.extend(group_missing)
+    use_seccomp = "seccomp" not in disabled
     try:
         seccomp.build_program()
     except OSError as exc:
         missing.append(f"seccomp ({exc.strerror})")
+        use_seccomp = False
+    if "seccomp" in disabled:
+        missing.append("seccomp (disabled)")
     alive_r, alive_w = os.pipe()
     server_pid = os.getpid()
     if os.fork() == 0:
@@ -884,7 +903,7 @@ def main(argv: list[str] | None = None) -> None:
         ns_missing = enter_server_namespaces()
         missing += ns_missing
         if not ns_missing:
-            error = probe_full(workdir, real_root, uid_base, args.boot_path)
+            error = probe_full(workdir, real_root, uid_base, args.boot_path, use_seccomp)
             if error is None:
                 level = FULL
             else:
@@ -931,7 +950,8 @@ def main(argv: list[str] | None = None) -> None:
             listener.close()
             os.close(alive_w)
             linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-            zygote_side, handler_side = socket.socketpair()
+            # SEQPACKET: one message per prepared call, never two run together.
+            zygote_side, handler_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 if os.fork() == 0:  # the handler
                     zygote_side.close()
@@ -953,6 +973,7 @@ def main(argv: list[str] | None = None) -> None:
                     group,
                     args.memory_mb,
                     args.boot_path,
+                    use_seccomp,
                 ).serve(zygote_side)
             finally:
                 os._exit(0)
