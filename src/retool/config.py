@@ -175,6 +175,7 @@ class RewardConfig:
 
     timeout: float = 5.0  # seconds per equivalence check; a timeout scores -1
     workers: int = 2  # verifier processes
+    function: str = ""  # "package.module:function" for a custom reward; "" = boxed answer
 
     def __post_init__(self) -> None:
         _positive("reward", "timeout", self.timeout)
@@ -183,21 +184,66 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The optimisation loop."""
+    """The optimisation loop (defaults are the reference's)."""
 
     steps: int = 20  # training steps (one optimizer step each)
     questions_per_batch: int = 8  # questions per step; trajectories = this x group_size
+    loss: str = "ppo"  # ppo | importance_sampling | cispo
+    clip_low: float = 0.8  # PPO/CISPO ratio clip, lower bound (absolute)
+    clip_high: float = 1.28  # PPO/CISPO ratio clip, upper bound (absolute)
+    loss_aggregation: str = "seq_mean"  # seq_mean | token_mean | token_sum
     learning_rate: float = 4e-5  # AdamW
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.95  # AdamW second-moment decay
+    eps: float = 1e-12  # AdamW epsilon
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    grad_clip_norm: float = 0.0  # global gradient-norm clip; 0 disables
     max_train_tokens: int = 8192  # longest datum the trainer accepts
     micro_batch_tokens: int = 16384  # padded-area budget per forward_backward
+    micro_batch_items: int = 32  # datums per forward_backward at most
     save_every: int = 10  # checkpoint period in steps; 0 saves only at the end
+    seed: int = 0  # LoRA initialisation
     run_dir: str = "runs/default"  # metrics, checkpoints, samples
 
     def __post_init__(self) -> None:
-        for name in ("steps", "questions_per_batch", "max_train_tokens", "micro_batch_tokens"):
+        for name in (
+            "steps",
+            "questions_per_batch",
+            "max_train_tokens",
+            "micro_batch_tokens",
+            "micro_batch_items",
+        ):
             _positive("train", name, getattr(self, name))
-        _at_least("train", "learning_rate", self.learning_rate, 0)
-        _at_least("train", "save_every", self.save_every, 0)
+        for name in ("learning_rate", "weight_decay", "grad_clip_norm", "save_every", "eps"):
+            _at_least("train", name, getattr(self, name), 0)
+        for name in ("beta1", "beta2"):
+            _at_least("train", name, getattr(self, name), 0)
+            if getattr(self, name) >= 1:
+                raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.loss not in ("ppo", "importance_sampling", "cispo"):
+            raise ConfigError(
+                f"train.loss must be ppo, importance_sampling or cispo; got {self.loss!r}"
+            )
+        _positive("train", "clip_low", self.clip_low)
+        _finite("train", "clip_high", self.clip_high)
+        if not self.clip_low <= 1 <= self.clip_high:
+            raise ConfigError(
+                f"train.clip_low <= 1 <= train.clip_high must hold, got {self.clip_low} "
+                f"and {self.clip_high}"
+            )
+        if self.loss_aggregation not in ("seq_mean", "token_mean", "token_sum"):
+            raise ConfigError(
+                "train.loss_aggregation must be seq_mean, token_mean or token_sum; "
+                f"got {self.loss_aggregation!r}"
+            )
+        if self.max_train_tokens > self.micro_batch_tokens:
+            raise ConfigError(
+                f"train.max_train_tokens ({self.max_train_tokens}) must be <= "
+                f"train.micro_batch_tokens ({self.micro_batch_tokens}): a longest datum "
+                "must fit one micro-batch"
+            )
+        if not self.run_dir.strip():
+            raise ConfigError("train.run_dir must not be empty")
 
 
 @dataclass(frozen=True)

@@ -101,9 +101,15 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
     """The contract with retool.training.sft.run_sft, checked with a stand-in module."""
     calls = []
 
+    class FakeRun:
+        path = tmp_path / "run"
+
+        def last_checkpoint(self):
+            return None
+
     def run_sft(config, data_path, **kwargs):
         calls.append((config, data_path, kwargs))
-        return 0
+        return FakeRun()
 
     monkeypatch.setitem(sys.modules, "retool.training.sft", types.SimpleNamespace(run_sft=run_sft))
     if sft not in retool.cli.COMMANDS:
@@ -121,7 +127,6 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
             "train.learning_rate=0.001",
             "--run-dir",
             str(tmp_path / "run"),
-            "--resume",
             "--init-from",
             "ckpt/step_000002",
             "--tracker",
@@ -134,14 +139,21 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
     assert Path(data_path) == data
     assert kwargs == {
         "run_dir": str(tmp_path / "run"),
-        "resume": True,
+        "resume": False,
         "init_from": "ckpt/step_000002",
         "tracker": "tensorboard",
+        "progress": True,
     }
     calls.clear()
     assert retool.cli.main(["sft", "--data", str(data)]) == 0
     ((config, _, kwargs),) = calls
-    assert kwargs == {"run_dir": None, "resume": False, "init_from": None, "tracker": None}
+    assert kwargs == {
+        "run_dir": None,
+        "resume": False,
+        "init_from": None,
+        "tracker": None,
+        "progress": True,
+    }
 
 
 def test_bad_config_override_is_one_error(tmp_path):

@@ -687,6 +687,7 @@ def test_reused_groups_are_not_sampled_again(smol_tokenizer):
         progress=events.append,
     )
     assert all("2^10" not in smol_tokenizer.decode(r.prompt) for r in sampler.requests)
+
     def facts(result):
         return [
             (t.stop_reason, t.reward, t.advantage, [x.completion_tokens for x in t.turns])
@@ -698,3 +699,20 @@ def test_reused_groups_are_not_sampled_again(smol_tokenizer):
     assert sum(e.reused for e in events) == 2 and events[-1].finished == 4
     with pytest.raises(ValueError, match="complete group"):
         run(sampler, FakeSandbox(lookup), [Q1], cfg, reuse={0: first.groups()[0][:1]})
+
+
+def test_a_custom_scorer_replaces_the_boxed_answer_reward(smol_tokenizer):
+    from retool.reward import RewardResult
+
+    def scorer(text, reference):
+        return RewardResult(0.5, correct=False, valid_format=True, answer=reference)
+
+    result = run(
+        ScriptedSampler(smol_tokenizer, code_then_answer),
+        FakeSandbox(lookup),
+        [Q1],
+        config(),
+        scorer=scorer,
+    )
+    assert [t.reward for t in result.trajectories] == [0.5, 0.5]
+    assert all(t.answer == "1024" for t in result.trajectories)

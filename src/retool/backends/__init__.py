@@ -31,3 +31,16 @@ def open_sampling_client(service: Any, model: str) -> Any:
     if (Path(model) / "retool_sampler.json").is_file():
         return service.create_sampling_client(model_path=model)
     return service.create_sampling_client(base_model=model)
+
+
+def open_sandbox(config: Any) -> Any:
+    """The local sandbox with the limits of a ``SandboxConfig``."""
+    from retool.sandbox import LocalSandbox
+
+    return LocalSandbox(
+        timeout=config.timeout,
+        memory_mb=config.memory_mb,
+        max_workers=config.max_workers,
+        isolation=config.isolation,
+        max_output_bytes=config.max_output_bytes,
+    )

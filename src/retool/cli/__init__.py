@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from retool import __version__
-from retool.cli import demo, prepare_data, rollout, sandbox
+from retool.cli import demo, prepare_data, rollout, sandbox, sft, train
 from retool.errors import RetoolError
 
-COMMANDS = (prepare_data, sandbox, rollout, demo)
+COMMANDS = (prepare_data, sandbox, rollout, train, sft, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

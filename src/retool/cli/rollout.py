@@ -88,11 +88,10 @@ def format_table(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.backends import open_sampling_client, service_client
+    from retool.backends import open_sampling_client, open_sandbox, service_client
     from retool.config import load_config
     from retool.data import load_dataset
     from retool.rollout import rollout_batch
-    from retool.sandbox import LocalSandbox
 
     overrides = list(args.overrides)
     if args.group_size is not None:
@@ -114,13 +113,7 @@ def run(args: argparse.Namespace) -> int:
     sandbox = None
     try:
         if not args.no_tools:
-            sandbox = LocalSandbox(
-                timeout=config.sandbox.timeout,
-                memory_mb=config.sandbox.memory_mb,
-                max_workers=config.sandbox.max_workers,
-                isolation=config.sandbox.isolation,
-                max_output_bytes=config.sandbox.max_output_bytes,
-            )
+            sandbox = open_sandbox(config.sandbox)
         result = rollout_batch(
             sampler,
             tokenizer,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from retool.errors import ConfigError, DataError, RetoolError
+from retool.errors import ConfigError, DataError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +64,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--init-from", metavar="CHECKPOINT", help="start from these saved weights")
     parser.add_argument(
-        "--tracker", metavar="NAME", help="also log to swanlab, wandb or tensorboard (offline)"
+        "--tracker",
+        choices=["swanlab", "wandb", "tensorboard"],
+        help="also log to this tracker (offline mode; needs the 'track' extra)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (summary lines only)"
     )
     parser.set_defaults(handler=run_train)
 
@@ -169,18 +174,22 @@ def run_train(args: argparse.Namespace) -> int:
     if not data.exists():
         raise ConfigError(f"--data {data}: no such file")
     config = load_config(args.config, args.overrides)
-    try:
-        from retool.training.sft import run_sft
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("retool.training.sft", "retool.training"):
-            raise
-        raise RetoolError("SFT training is not available yet (retool.training.sft)") from None
-    result = run_sft(
+    if args.resume and args.init_from:
+        raise ConfigError("--resume continues a run from its own checkpoint; drop --init-from")
+    from retool.training.sft import run_sft
+
+    run = run_sft(
         config,
         data,
         run_dir=args.run_dir,
         resume=args.resume,
         init_from=args.init_from,
         tracker=args.tracker,
+        progress=not args.no_progress,
     )
-    return int(result) if isinstance(result, int) else 0
+    print(f"run directory: {run.path}")
+    last = run.last_checkpoint()
+    if last is not None:
+        print(f"last checkpoint: step {last.step} ({last.state_path}); start RL from it with")
+        print(f"  retool train --init-from {run.path} ...")
+    return 0

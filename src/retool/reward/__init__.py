@@ -8,9 +8,10 @@ through its effect on the final answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from retool.errors import ConfigError
 from retool.reward.boxed import TAIL_CHARS, extract_boxed
 from retool.reward.verify import EquivalenceChecker, Verdict, default_checker
 
@@ -76,8 +77,45 @@ __all__ = [
     "WRONG_REWARD",
     "EquivalenceChecker",
     "RewardResult",
+    "Scorer",
     "Verdict",
     "extract_boxed",
+    "load_reward_function",
     "score_answer",
     "score_many",
 ]
+
+
+Scorer = Callable[[str, str], RewardResult]
+
+
+def load_reward_function(spec: str) -> Scorer:
+    """Import a custom reward ``"package.module:function"``.
+
+    The function takes ``(final_text, reference)`` and returns a
+    :class:`RewardResult` or a number (a number ``> 0`` counts as correct).
+    It runs in the trainer's process: it is configuration, never model output.
+    """
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"reward.function must look like 'package.module:function', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"reward.function {spec!r}: cannot import {module_name!r} ({exc})"
+        ) from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"reward.function {spec!r}: {module_name} has no function {attribute!r}")
+
+    def score(text: str, reference: str) -> RewardResult:
+        value = function(text, reference)
+        if isinstance(value, RewardResult):
+            return value
+        reward = float(value)
+        return RewardResult(reward, correct=reward > 0, valid_format=True, answer=None)
+
+    return score

@@ -48,7 +48,7 @@ from retool.config import RolloutConfig
 from retool.data.examples import MathExample
 from retool.errors import ConfigError
 from retool.protocol import ParseKind, get_protocol
-from retool.reward import EquivalenceChecker, score_answer
+from retool.reward import EquivalenceChecker, Scorer, score_answer
 from retool.rollout.advantages import assign_group_advantages
 from retool.rollout.budget import TurnPlan, fit_observation, plan_turn, wrapper_tokens
 from retool.rollout.result import RolloutCounters, RolloutResult
@@ -123,8 +123,10 @@ class _Batch:
         checker: EquivalenceChecker | None,
         reward_timeout: float,
         reuse: Mapping[int, Sequence[Trajectory]],
+        scorer: Scorer | None,
     ) -> None:
         self.reuse = reuse
+        self.scorer = scorer
         self.client = sampling_client
         self.tokenizer = tokenizer
         self.sandbox = sandbox
@@ -309,13 +311,18 @@ class _Batch:
             self.progress = None
 
     async def score(self, trajectory: Trajectory) -> None:
-        result = await asyncio.to_thread(
-            score_answer,
-            trajectory.final_text,
-            trajectory.example.answer,
-            self.reward_timeout,
-            self.checker,
-        )
+        if self.scorer is not None:
+            result = await asyncio.to_thread(
+                self.scorer, trajectory.final_text, trajectory.example.answer
+            )
+        else:
+            result = await asyncio.to_thread(
+                score_answer,
+                trajectory.final_text,
+                trajectory.example.answer,
+                self.reward_timeout,
+                self.checker,
+            )
         trajectory.reward = result.reward
         trajectory.correct = result.correct
         trajectory.valid_format = result.valid_format
@@ -538,6 +545,7 @@ async def rollout_batch_async(
     reward_timeout: float = 5.0,
     context_limit: int | None = None,
     reuse: Mapping[int, Sequence[Trajectory]] | None = None,
+    scorer: Scorer | None = None,
 ) -> RolloutResult:
     """Roll out ``group_size`` trajectories per example; for callers inside an event loop.
 
@@ -550,7 +558,8 @@ async def rollout_batch_async(
     journal sees its reward), and once per skipped question. ``reuse`` maps
     question slots to a complete group of trajectories that ended before (a
     resumed step): those slots are not sampled again, and their advantages are
-    recomputed with the rest of the batch.
+    recomputed with the rest of the batch. ``scorer(final_text, reference)``
+    replaces the boxed-answer reward (see :func:`retool.reward.load_reward_function`).
     """
     reuse = dict(reuse or {})
     for slot, members in reuse.items():
@@ -572,6 +581,7 @@ async def rollout_batch_async(
         checker,
         reward_timeout,
         reuse,
+        scorer,
     )
     return await batch.run()
 
@@ -589,6 +599,7 @@ def rollout_batch(
     reward_timeout: float = 5.0,
     context_limit: int | None = None,
     reuse: Mapping[int, Sequence[Trajectory]] | None = None,
+    scorer: Scorer | None = None,
 ) -> RolloutResult:
     """:func:`rollout_batch_async` from synchronous code (runs its own event loop)."""
     try:
@@ -613,5 +624,6 @@ def rollout_batch(
             reward_timeout=reward_timeout,
             context_limit=context_limit,
             reuse=reuse,
+            scorer=scorer,
         )
     )

@@ -84,8 +84,8 @@ def prctl(option: int, arg: int) -> None:
 
 
 _SYSCALLS = {
-    "x86_64": {"keyctl": 250, "capset": 126},
-    "aarch64": {"keyctl": 219, "capset": 91},
+    "x86_64": {"keyctl": 250, "capset": 126, "clone": 56},
+    "aarch64": {"keyctl": 219, "capset": 91, "clone": 220},
 }.get(platform.machine(), {})
 KEYCTL_JOIN_SESSION_KEYRING = 1
 PR_CAPBSET_DROP = 24
@@ -141,3 +141,29 @@ def pin_address_space() -> int:
         errno = ctypes.get_errno()
         raise OSError(errno, f"clone: {os.strerror(errno)}")
     return pid
+
+
+def fork_into_new_pid_namespace() -> int:
+    """``fork()`` whose child is PID 1 of a new PID namespace; 0 in the child.
+
+    A raw ``clone(CLONE_NEWPID | SIGCHLD)``: unlike ``unshare`` it leaves the
+    caller's own namespace for later children alone, so a long-lived process
+    can create one namespace per child without a middleman process. The child
+    skips libc's and Python's fork handlers: it must be single-threaded trusted
+    code that ends in ``os._exit`` (it may ``os.fork`` normally).
+    """
+    if "clone" not in _SYSCALLS:
+        raise OSError(38, f"clone: unsupported machine {platform.machine()}")
+    _libc.syscall.restype = ctypes.c_long
+    pid = _libc.syscall(
+        ctypes.c_long(_SYSCALLS["clone"]),
+        ctypes.c_ulong(CLONE_NEWPID | 17),
+        ctypes.c_void_p(None),
+        ctypes.c_void_p(None),
+        ctypes.c_void_p(None),
+        ctypes.c_ulong(0),
+    )
+    if pid < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"clone: {os.strerror(errno)}")
+    return int(pid)

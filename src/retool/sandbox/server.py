@@ -354,8 +354,11 @@ def _child_b(
     call's critical path.
     """
     try:
+        _close_all_except(code_r, done_w, out_fd, err_fd, 0, 1, 2)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if spec.level == FULL:  # PID 1 already; the rest of the namespaces now
+            linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS)
         if spec.group is not None:
             spec.group.enter()
         with contextlib.suppress(OSError):
@@ -388,18 +391,17 @@ def _child_b(
 # -- the zygote: prepares calls, never sees a request ----------------------------
 @dataclass
 class Prepared:
-    """A supervisor A, its init B and the call C, waiting for code (handler side)."""
+    """An init B and its call C, waiting for code (the handler's view)."""
 
-    pid_a: int
+    pid_b: int  # B's pid in our PID namespace
     code_w: int
-    status_r: int  # A: B's pid
     done_r: int  # B: "<ready> <C's wait status>"
+    pidfd: int  # B, safe against pid reuse
     out_path: str
     err_path: str
     scratch: str | None
     uid: int | None
     group: cgroups.Group | None
-    pid_b: int | None = None
 
 
 class Zygote:
@@ -471,45 +473,22 @@ class Zygote:
             self.use_seccomp,
         )
         code_r, code_w = os.pipe()
-        status_r, status_w = os.pipe()
         done_r, done_w = os.pipe()
-        pid_a = os.fork()
-        if pid_a == 0:  # A
-            try:
-                _close_all_except(code_r, status_w, done_w, out_fd, err_fd, 0, 1, 2)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-                if self.level == FULL:
-                    linux.unshare(
-                        linux.CLONE_NEWNS
-                        | linux.CLONE_NEWPID
-                        | linux.CLONE_NEWIPC
-                        | linux.CLONE_NEWUTS
-                    )
-                pid_b = os.fork()
-                if pid_b == 0:
-                    os.close(status_w)
-                    _child_b(spec, code_r, done_w, out_fd, err_fd)
-                for fd in (code_r, done_w, out_fd, err_fd):
-                    os.close(fd)
-                os.write(status_w, f"{pid_b}\n".encode())
-                os.waitpid(pid_b, 0)
-            except BaseException:
-                with open(os.path.join(self.workdir, "supervisor-errors.log"), "a") as log:
-                    log.write(traceback.format_exc())
-            finally:
-                os._exit(0)
-        for fd in (code_r, status_w, done_w, out_fd, err_fd):
+        pid_b = linux.fork_into_new_pid_namespace() if self.level == FULL else os.fork()
+        if pid_b == 0:  # B
+            _child_b(spec, code_r, done_w, out_fd, err_fd)
+        pidfd = os.pidfd_open(pid_b)  # B is ours and unreaped: this is B, never a reused pid
+        for fd in (code_r, done_w, out_fd, err_fd):
             os.close(fd)
         info = {
-            "pid_a": pid_a,
+            "pid_b": pid_b,
             "out_path": out_path,
             "err_path": err_path,
             "scratch": scratch,
             "uid": uid,
             "group": None if group is None else group.dirs,
         }
-        return info, [code_w, status_r, done_r]
+        return info, [code_w, done_r, pidfd]
 
     def serve(self, sock: socket.socket) -> None:
         """Answer each byte from the handler with one prepared call (and its fds)."""
@@ -537,7 +516,7 @@ def _receive_prepared(sock: socket.socket, ask: bool = True) -> Prepared:
     info = json.loads(data)
     group = None if info["group"] is None else cgroups.Group(info["group"])
     return Prepared(
-        info["pid_a"],
+        info["pid_b"],
         fds[0],
         fds[1],
         fds[2],
@@ -571,14 +550,6 @@ class Handler:
         self.factory = factory
         self.level = level
         self._finished: queue.SimpleQueue[Prepared] = queue.SimpleQueue()
-
-    def _started(self, prepared: Prepared) -> int | None:
-        """B's pid as A reported it (written right after A forks B)."""
-        if prepared.pid_b is None:
-            line = _read_line(prepared.status_r, time.monotonic() + 30)
-            if line is not None:
-                prepared.pid_b = int(line)
-        return prepared.pid_b
 
     def run(self, prepared: Prepared, request: dict[str, Any]) -> dict[str, Any]:
         if prepared.group is not None:
@@ -620,20 +591,19 @@ class Handler:
     def _kill(self, prepared: Prepared) -> None:
         if prepared.group is not None:
             prepared.group.kill()
-        pid_b = self._started(prepared)
-        if pid_b is not None:
-            with contextlib.suppress(ProcessLookupError):  # PID 1 of its namespace: takes all
-                os.kill(pid_b, signal.SIGKILL)
+        if prepared.pidfd >= 0:  # PID 1 of its namespace: takes all with it
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(prepared.pidfd, signal.SIGKILL)
         if prepared.group is None and self.level == BASIC and prepared.uid is not None:
             kill_uid(prepared.uid)
 
     def _finish(self, prepared: Prepared) -> bool:
         """Close the call's fds and remove its files and cgroup; False if still busy."""
-        for fd in (prepared.code_w, prepared.status_r, prepared.done_r):
+        for fd in (prepared.code_w, prepared.done_r, prepared.pidfd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        prepared.code_w = prepared.status_r = prepared.done_r = -1
+        prepared.code_w = prepared.done_r = prepared.pidfd = -1
         for path in (prepared.out_path, prepared.err_path):
             _unlink(path)
         if prepared.scratch:
@@ -835,7 +805,7 @@ def probe_full(
     try:
         info, fds = zygote.prepare()
         prepared = Prepared(
-            info["pid_a"], *fds, info["out_path"], info["err_path"], None, None, None
+            info["pid_b"], *fds, info["out_path"], info["err_path"], None, None, None
         )
         reply = handler.run(
             prepared,
@@ -844,7 +814,7 @@ def probe_full(
         handler._finished.put(_STOP)
         handler._clean()
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(info["pid_a"], 0)
+            os.waitpid(info["pid_b"], 0)
     except (OSError, RuntimeError) as exc:
         return str(exc)
     finally:

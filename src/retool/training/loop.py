@@ -1,0 +1,476 @@
+"""The RL step loop: one function a reader can follow top to bottom.
+
+Per step ``s`` (1-based; seeds and batches derive from it):
+
+1. snapshot the policy into a sampling client (the weights after ``s - 1`` updates);
+2. roll out ``questions_per_batch x group_size`` trajectories (journaled as they end);
+3. build one datum per trajectory with a non-zero advantage, scale the
+   advantages for the loss aggregation, pack micro-batches by padded area;
+4. ``forward_backward`` per micro-batch, then ONE ``optim_step`` (skipped and
+   logged when nothing trains);
+5. write the step (rollouts file, then its metrics line: the commit point);
+6. checkpoint when due (state and sampler weights, then the manifest line).
+
+Every phase is timed (``time/<phase>_s`` in the metrics) so an idle phase
+shows. Interrupts (SIGINT, SIGTERM) are deferred while the weights and the
+step record disagree (from ``optim_step`` to the metrics line); otherwise the
+loop stops at once, writes a checkpoint of the last completed step if it has
+none, and exits. Any other exception writes the same emergency checkpoint
+when the state is consistent, then propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool.config import RunConfig
+from retool.errors import RetoolError
+from retool.training.faults import crash_point
+from retool.training.run_dir import RunDirectory
+
+
+class Interrupted(RetoolError):
+    """SIGINT or SIGTERM: the run stopped after saving what it had."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}; continue with --resume")
+        self.signum = signum
+
+
+class InterruptGuard:
+    """Turns SIGINT/SIGTERM into :class:`Interrupted`, deferred inside ``critical()``."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._depth = 0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self._depth:
+            self.pending = signum
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[InterruptGuard]:
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        try:
+            yield self
+        finally:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth and self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise Interrupted(signum)
+
+
+@dataclass
+class LoopState:
+    """What the loop knows about the trainer's consistency, for emergency saves."""
+
+    completed: int = 0  # last step whose metrics line is written
+    checkpointed: int = -1  # step of the newest manifest line
+    consistent: bool = True  # weights == those after ``completed`` updates
+
+
+class Phases:
+    """Wall time per phase of one step."""
+
+    def __init__(self, on_phase: Callable[[str], None] | None = None) -> None:
+        self.seconds: dict[str, float] = {}
+        self.on_phase = on_phase
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.on_phase is not None:
+            self.on_phase(name)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - started
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{name}_s": value for name, value in self.seconds.items()}
+        out["time/step_s"] = sum(self.seconds.values())
+        return out
+
+
+def write_checkpoint(trainer: Any, step: int) -> tuple[str, str]:
+    """State and sampler weights (each directory renamed into place when complete)."""
+    name = f"step_{step:06d}"
+    state_path = trainer.save_state(name).result().path
+    crash_point("state", step)
+    sampler_path = trainer.save_weights_for_sampler(name).result().path
+    return state_path, sampler_path
+
+
+def save_checkpoint(run: RunDirectory, trainer: Any, step: int, state: LoopState) -> None:
+    """Both directories, then the manifest line (the commit point)."""
+    run.add_checkpoint(step, *write_checkpoint(trainer, step))
+    state.checkpointed = step
+
+
+def resolve_checkpoint(spec: str) -> Path:
+    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
+    path = Path(spec)
+    if (path / "retool_state.json").is_file():
+        return path
+    if (path / "checkpoints.jsonl").is_file():
+        record = RunDirectory(path).last_checkpoint()
+        if record is None:
+            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
+        return Path(record.state_path)
+    raise RetoolError(
+        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
+        "(no checkpoints.jsonl)"
+    )
+
+
+def open_trainer(
+    service: Any, config: RunConfig, run: RunDirectory, resume: bool, init_from: str | None
+) -> tuple[Any, int, LoopState]:
+    """The training client and the step to start from (0 = a new run)."""
+    state = LoopState()
+    last = run.last_checkpoint() if resume else None
+    if last is not None:
+        trainer = service.create_training_client_from_state_with_optimizer(last.state_path)
+        run.rewind(last.step)
+        state.completed = state.checkpointed = last.step
+        return trainer, last.step, state
+    if resume:
+        run.rewind(0)  # killed before the first checkpoint: start over, keep step 1's journal
+    if init_from:
+        trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
+    elif config.model.lora_rank > 0:
+        trainer = service.create_lora_training_client(
+            config.model.base_model, rank=config.model.lora_rank, seed=config.train.seed
+        )
+    else:
+        trainer = service.create_training_client(config.model.base_model, seed=config.train.seed)
+    return trainer, 0, state
+
+
+@contextlib.contextmanager
+def emergency_checkpoint(run: RunDirectory, trainer: Any, state: LoopState) -> Iterator[None]:
+    """On any exit by exception, save the last completed step if it is consistent."""
+    try:
+        yield
+    except BaseException:
+        if state.consistent and state.completed > state.checkpointed and state.completed > 0:
+            try:
+                save_checkpoint(run, trainer, state.completed, state)
+                run.log(f"saved a checkpoint of step {state.completed} before stopping")
+            except Exception as exc:  # the original error matters more
+                run.log(f"could not save an emergency checkpoint: {exc}")
+        raise
+
+
+class Display:
+    """An outer bar over steps and an inner one over trajectories (tqdm; silent off a TTY).
+
+    One summary line per step is printed either way.
+    """
+
+    def __init__(
+        self, total_steps: int, first_step: int, per_step: int, enabled: bool, unit: str
+    ) -> None:
+        from tqdm import tqdm
+
+        disable = None if enabled else True  # None: tqdm turns itself off when not a TTY
+        self.steps = tqdm(
+            total=total_steps,
+            initial=first_step,
+            desc="steps",
+            unit="step",
+            disable=disable,
+            position=0,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+        self.inner = tqdm(
+            total=per_step,
+            desc="step",
+            unit=unit,
+            disable=disable,
+            position=1,
+            leave=False,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+        self._tqdm = tqdm
+
+    def phase(self, name: str) -> None:
+        self.inner.set_description_str(name)
+
+    def advance(self, count: int) -> None:
+        self.inner.update(count)
+
+    def new_step(self, phase: str) -> None:
+        self.inner.reset()
+        self.inner.set_description_str(phase)
+
+    def end_step(self, line: str) -> None:
+        self.steps.update(1)
+        self._tqdm.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        self.inner.close()
+        self.steps.close()
+
+
+def step_summary(step: int, total: int, metrics: dict[str, float]) -> str:
+    loss = metrics.get("train/loss:sum")
+    loss_text = f"loss {loss:+.4f}" if loss is not None else "update skipped"
+    return (
+        f"step {step}/{total}  {metrics['time/step_s']:.1f}s  {loss_text}  "
+        f"reward {metrics['reward/mean']:+.3f}  correct {metrics['reward/correct']:.3f}  "
+        f"code calls {metrics['rollout/code_calls']:.2f}  "
+        f"{metrics['rollout/tokens_per_s']:.0f} tok/s"
+    )
+
+
+class Session:
+    """What the RL loop and SFT share: run directory, trainer, optimizer step, commits.
+
+    ``update`` runs the step's micro-batches and its one optimizer step;
+    ``commit`` writes the step (checkpoint directories when due, the metrics
+    line, then the manifest line) with interrupts deferred, so the weights and
+    the run directory never disagree at a kill.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        run_dir: str | None,
+        resume: bool,
+        init_from: str | None,
+        tracker: str | None,
+        progress: bool,
+        per_step: int,
+        unit: str,
+    ) -> None:
+        from retool.backends import service_client
+        from retool.types import AdamParams
+
+        cfg = self.cfg = config.train
+        self.config = config
+        self.run = RunDirectory.open(run_dir or cfg.run_dir, config, resume)
+        self.sink = None
+        if tracker:
+            from retool.tracking import make_tracker
+
+            self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
+        service = service_client(config.model, checkpoint_root=self.run.checkpoint_root)
+        self.trainer, self.start, self.state = open_trainer(
+            service, config, self.run, resume, init_from
+        )
+        self.adam = AdamParams(
+            learning_rate=cfg.learning_rate,
+            beta1=cfg.beta1,
+            beta2=cfg.beta2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            grad_clip_norm=cfg.grad_clip_norm,
+        )
+        self.run.log(
+            f"{'resuming after' if self.start else 'starting at'} step {self.start}; "
+            f"{cfg.steps} steps"
+        )
+        self.display = Display(cfg.steps, self.start, per_step, progress, unit)
+        self.guard = InterruptGuard()
+
+    def steps(self) -> range:
+        return range(self.start + 1, self.cfg.steps + 1)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Session]:
+        try:
+            with self.guard.installed(), emergency_checkpoint(self.run, self.trainer, self.state):
+                yield self
+        finally:
+            self.display.close()
+            if self.sink is not None:
+                self.sink.close()
+
+    def pack(self, datums: list[Any]) -> list[list[Any]]:
+        from retool.training.packing import pack_micro_batches
+
+        return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)
+
+    def update(
+        self,
+        step: int,
+        micro_batches: list[list[Any]],
+        loss: str,
+        loss_config: dict[str, float] | None,
+        phases: Phases,
+    ) -> dict[str, float]:
+        """``forward_backward`` per micro-batch, then one ``optim_step``; the step's metrics.
+
+        Returns inside the deferred-interrupt section's caller: call :meth:`commit` next.
+        """
+        from retool.training.metrics import merge_trainer_metrics
+        from retool.training.packing import padded_area
+
+        outputs = []
+        with phases("training"):
+            for micro_batch in micro_batches:
+                out = self.trainer.forward_backward(
+                    [d.datum for d in micro_batch], loss, loss_config
+                ).result()
+                outputs.append(out.metrics)
+        metrics: dict[str, float] = {
+            "train/datums": float(sum(len(b) for b in micro_batches)),
+            "train/micro_batches": float(len(micro_batches)),
+            "train/tokens": float(sum(d.num_tokens for b in micro_batches for d in b)),
+            "train/padded_tokens": float(padded_area(micro_batches)),
+            "train/update_skipped": float(not micro_batches),
+        }
+        metrics.update({f"train/{k}": v for k, v in merge_trainer_metrics(outputs).items()})
+        return metrics
+
+    def commit(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        phases: Phases,
+        records: Any,
+        note: str = "",
+        summary: Callable[[int, int, dict[str, float]], str] | None = None,
+    ) -> None:
+        """Optimizer step (if anything trained), checkpoint when due, metrics line, manifest."""
+        cfg, state = self.cfg, self.state
+        with self.guard.critical():
+            if not metrics["train/update_skipped"]:
+                state.consistent = False
+                with phases("training"):
+                    optim = self.trainer.optim_step(self.adam).result()
+                crash_point("optim", step)
+                metrics.update({f"optim/{k}": v for k, v in optim.metrics.items()})
+            due = step == cfg.steps or bool(cfg.save_every and step % cfg.save_every == 0)
+            paths = None
+            if due:
+                with phases("checkpoint"):
+                    paths = write_checkpoint(self.trainer, step)
+                crash_point("checkpoint", step)
+            metrics.update(phases.metrics())
+            # The metrics line commits the step; the manifest line, the checkpoint.
+            self.run.complete_step(step, metrics, records)
+            state.completed, state.consistent = step, True
+            crash_point("committed", step)
+            if paths is not None:
+                self.run.add_checkpoint(step, *paths)
+                state.checkpointed = step
+        line = (summary or step_summary)(step, cfg.steps, metrics) + note
+        self.run.log(line)
+        self.display.end_step(line)
+        if self.sink is not None:
+            self.sink.log(metrics, step)
+
+
+def train(
+    config: RunConfig,
+    *,
+    run_dir: str | None = None,
+    resume: bool = False,
+    init_from: str | None = None,
+    tracker: str | None = None,
+    progress: bool = True,
+) -> RunDirectory:
+    """Run (or resume) RL training as ``config`` says; returns the run directory."""
+    from retool.backends import open_sandbox
+    from retool.data import load_dataset, take_batch
+    from retool.reward import default_checker, load_reward_function
+    from retool.rollout import rollout_batch
+    from retool.training.aggregation import scale_advantages
+    from retool.training.datum import build_training_datums
+
+    cfg = config.train
+    examples = load_dataset(config.data.train)
+    scorer = load_reward_function(config.reward.function) if config.reward.function else None
+    session = Session(
+        config,
+        run_dir=run_dir,
+        resume=resume,
+        init_from=init_from,
+        tracker=tracker,
+        progress=progress,
+        per_step=cfg.questions_per_batch * config.rollout.group_size,
+        unit="traj",
+    )
+    checker = None if scorer else default_checker(workers=config.reward.workers)
+    trainer, run, display = session.trainer, session.run, session.display
+    tokenizer = trainer.get_tokenizer()
+    loss_config = {"clip_low_threshold": cfg.clip_low, "clip_high_threshold": cfg.clip_high}
+    sandbox = open_sandbox(config.sandbox)
+    try:
+        with session.running():
+            for step in session.steps():
+                display.new_step("sampling")
+                phases = Phases(display.phase)
+                batch = take_batch(examples, cfg.questions_per_batch, step - 1, config.data.seed)
+                journal = run.journal(step)
+                reuse = journal.complete_groups(batch, config.rollout.group_size)
+
+                def on_trajectory(event: Any, journal: Any = journal, step: int = step) -> None:
+                    if event.trajectory is not None and not event.reused:
+                        journal.append(event.trajectory)
+                        crash_point("journal", step)
+                    display.advance(event.count)
+
+                with phases("snapshot"):
+                    sampler = trainer.save_weights_and_get_sampling_client()
+                try:
+                    with phases("rollout"):
+                        result = rollout_batch(
+                            sampler,
+                            tokenizer,
+                            sandbox,
+                            batch,
+                            config.rollout,
+                            step=step,
+                            progress=on_trajectory,
+                            checker=checker,
+                            scorer=scorer,
+                            reward_timeout=config.reward.timeout,
+                            context_limit=cfg.max_train_tokens,
+                            reuse=reuse,
+                        )
+                finally:
+                    close = getattr(sampler, "close", None)
+                    if close is not None:
+                        close()
+                with phases("datums"):
+                    datums = build_training_datums(result.trajectories, cfg.max_train_tokens)
+                    datums = scale_advantages(
+                        datums, cfg.loss_aggregation, len(result.trajectories)
+                    )
+                    micro_batches = session.pack(datums)
+                metrics = dict(result.metrics())
+                metrics["train/reused_groups"] = float(len(reuse))
+                metrics.update(session.update(step, micro_batches, cfg.loss, loss_config, phases))
+                note = "" if micro_batches else "  (every group scored alike: nothing to train)"
+                session.commit(step, metrics, phases, result.trajectories, note)
+    finally:
+        sandbox.close()
+    return run

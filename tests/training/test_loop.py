@@ -1,0 +1,169 @@
+"""The RL step loop on ``tiny-random``: one optimizer step per step, skips, run directory,
+and kill -9 at several points followed by ``--resume``.
+
+A random model never earns the boxed-answer reward, so these runs use the
+custom reward ``tests.training.rewards:even_length`` (+1 for an even-length
+final text): groups get mixed rewards and every step really changes the
+weights, which is what makes the weight comparison after a resume mean
+something.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from retool.config import load_config
+from retool.errors import RetoolError
+from retool.training.loop import train
+from retool.training.run_dir import RunDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = """
+[model]
+base_model = "tiny-random"
+lora_rank = 4
+
+[rollout]
+group_size = 4
+max_assistant_tokens = 8
+max_trajectory_tokens = 1024
+max_in_flight_samples = 1  # one request at a time: batch composition, hence tokens, fixed
+
+[sandbox]
+max_workers = 1
+
+[reward]
+function = "tests.training.rewards:even_length"
+
+[train]
+steps = 2
+questions_per_batch = 2
+learning_rate = 0.001
+grad_clip_norm = 1.0
+max_train_tokens = 1024
+micro_batch_tokens = 1500
+micro_batch_items = 3
+save_every = 1
+"""
+
+
+@pytest.fixture(autouse=True)
+def importable_rewards(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG + extra)
+    return path
+
+
+def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(
+        str(run_dir / "checkpoints" / "state" / f"step_{step:06d}" / "trainable.safetensors")
+    )
+
+
+def test_each_step_takes_one_optimizer_step_and_changes_the_weights(tmp_path):
+    config = load_config(write_config(tmp_path))
+    run = train(config, run_dir=str(tmp_path / "run"), progress=False)
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["optim/step"] for m in metrics] == [1.0, 2.0]  # the trainer's own counter
+    assert all(m["train/update_skipped"] == 0 for m in metrics)
+    assert all(m["train/micro_batches"] >= 2 for m in metrics)  # accumulated, still one step
+    assert all(m["train/datums"] > 0 and m["train/loss_tokens"] > 0 for m in metrics)
+    for key in ("time/rollout_s", "time/training_s", "time/checkpoint_s", "reward/mean"):
+        assert key in metrics[0]
+    first, second = final_weights(run.path, 1), final_weights(run.path, 2)
+    assert any(not torch.equal(first[k], second[k]) for k in first)
+    records = [json.loads(line) for line in run.manifest_path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert (run.path / "rollouts" / "step_000002.jsonl.gz").exists()
+    assert list((run.path / "journal").iterdir()) == []
+    assert "[train]" in run.config_path.read_text()
+
+
+def test_a_step_where_every_group_scores_alike_skips_the_update(tmp_path):
+    # The boxed-answer reward: a random model is always wrong, every advantage is 0.
+    config = load_config(write_config(tmp_path), ["train.steps=1", 'reward.function=""'])
+    run = train(config, run_dir=str(tmp_path / "run"), progress=False)
+    (metrics,) = run.metrics()
+    assert metrics["train/update_skipped"] == 1.0 and metrics["train/datums"] == 0
+    assert "optim/step" not in metrics
+    assert metrics["rollout/degenerate_group_rate"] == 1.0
+    assert "nothing to train" in run.log_path.read_text()
+
+
+def test_run_directory_guards_against_mistakes(tmp_path):
+    config = load_config(write_config(tmp_path), ["train.steps=1"])
+    run_dir = str(tmp_path / "run")
+    with pytest.raises(RetoolError, match="nothing to resume"):
+        train(config, run_dir=run_dir, resume=True, progress=False)
+    train(config, run_dir=run_dir, progress=False)
+    with pytest.raises(RetoolError, match="already holds a run"):
+        train(config, run_dir=run_dir, progress=False)
+    changed = load_config(write_config(tmp_path), ["train.steps=1", "train.learning_rate=0.5"])
+    with pytest.raises(RetoolError, match=r"train.learning_rate \(0.001 -> 0.5\)"):
+        train(changed, run_dir=run_dir, resume=True, progress=False)
+    # More steps is a legitimate change on resume: it extends the run.
+    longer = load_config(write_config(tmp_path), ["train.steps=2"])
+    run = train(longer, run_dir=run_dir, resume=True, progress=False)
+    assert run.completed_steps() == [1, 2]
+
+
+def retool(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RETOOL_KILL_AT", None)
+    if kill_at:
+        env["RETOOL_KILL_AT"] = kill_at
+    command = [sys.executable, "-c", "import sys; from retool.cli import main; sys.exit(main())"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    config = write_config(tmp)
+    done = retool("train", "--config", str(config), "--run-dir", str(tmp / "run"), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    return config, final_weights(tmp / "run", 2)
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    [
+        "journal:2:5",  # mid-rollout of step 2, five trajectories journaled
+        "state:2",  # mid-checkpoint: state written, sampler weights not
+        "committed:2",  # step 2 committed, its checkpoint's manifest line not
+    ],
+)
+def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted, kill_at):
+    config, expected = uninterrupted
+    run_dir = tmp_path / "run"
+    args = ("train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress")
+    killed = retool(*args, kill_at=kill_at)
+    assert killed.returncode == -9, killed.stderr
+    resumed = retool(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    run = RunDirectory(run_dir)
+    assert run.completed_steps() == [1, 2]  # each step exactly once
+    assert [r.step for r in run.checkpoints()] == [1, 2]
+    weights = final_weights(run_dir, 2)
+    assert weights.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(weights[name], expected[name], rtol=0, atol=1e-6)
+    if kill_at.startswith("journal"):
+        (step2,) = [m for m in run.metrics() if m["step"] == 2]
+        # The first question's group (4 trajectories) ended before the kill: reused.
+        assert step2["train/reused_groups"] == 1
