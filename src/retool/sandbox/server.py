@@ -13,14 +13,14 @@ Process tree, and why each level exists::
           │                        so calls cannot find earlier calls' data in memory
           ├─ handler               serves the connection; runs the calls the zygote
           │                        prepared; the supervisor's timer and facts live here
-          └─ A (per call)          new mount/PID/IPC/UTS namespaces; reports B's pid
-             └─ B: PID 1           trusted init: enters the call's cgroup, a fresh
-                │                  keyring, a bubblewrap-style root; reports C's wait
-                │                  status on a pipe only B holds
-                └─ C: the call     unprivileged uid (or no capabilities), pdeathsig,
+          └─ B: PID 1 (per call)   cloned into a new PID namespace; trusted init:
+             │                     new mount/IPC/UTS namespaces, the call's cgroup, a
+             │                     fresh keyring, a bubblewrap-style root; reports C's
+             │                     wait status on a pipe only B holds
+             └─ C: the call        unprivileged uid (or no capabilities), pdeathsig,
                                    no_new_privs, seccomp, rlimits; then runs the code
 
-A, B and C are forked *before* the code arrives (two per handler), so
+B and C are forked *before* the code arrives (two per handler), so
 namespace, cgroup and mount set-up are off the critical path. When the call
 ends or times out, the handler kills its cgroup (every process, whatever its
 parentage) and B's PID namespace goes with B. Nothing the call can write is
