@@ -71,7 +71,7 @@ MAX_FILE_BYTES = 8 << 20  # largest file a call may write (stdout/stderr include
 MAX_OPEN_FILES = 64
 TMPFS_MB = 64  # private /tmp of a call
 TMPFS_INODES = 4096  # files a call may create in its /tmp and /dev/shm
-PREPARE_AHEAD = 2  # calls each handler keeps prepared (or being prepared) ahead
+PREPARE_AHEAD = 3  # calls each handler keeps prepared (or being prepared) ahead
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_STATUS = 70  # C's exit status when its set-up failed (a fact only with ready=0)
 
@@ -256,7 +256,7 @@ class CallSpec:
     binds: tuple[str, ...]
     masks: tuple[str, ...]
     boot_path: str  # import path for fresh-interpreter mode
-    seccomp: bool = True
+    seccomp: bytes | None = None  # the BPF program, built once per zygote
 
 
 def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
@@ -283,8 +283,8 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         if os.getppid() != parent:
             os._exit(status)
         linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
-        if spec.seccomp:
-            seccomp.install(seccomp.build_program())
+        if spec.seccomp is not None:
+            seccomp.install(spec.seccomp)
         with os.fdopen(code_r, "rb") as handle:
             raw = handle.read()
         if not raw:
@@ -310,11 +310,11 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
                     str(ready_w),
                 ],
             )
+        os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
+        os.close(ready_w)
         if spec.level == FULL or spec.group is not None:  # something kills the pin
             with contextlib.suppress(OSError):
                 linux.pin_address_space()
-        os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
-        os.close(ready_w)
         _reseed()
         status = _run_code(request["code"]) & 0xFF
     except BaseException:
@@ -378,9 +378,9 @@ def _child_b(
         os.close(ready_w)
         for fd in (code_r, out_fd, err_fd):
             os.close(fd)
-        ready = os.read(ready_r, 1) == b"1"
-        os.close(ready_r)
         _, status = os.waitpid(pid_c, 0)
+        ready = os.read(ready_r, 1) == b"1"  # read after the exit: no wake-up mid-call
+        os.close(ready_r)
         os.write(done_w, f"{int(ready)} {status}\n".encode())
     except BaseException:
         with contextlib.suppress(OSError):
@@ -420,7 +420,7 @@ class Zygote:
         boot_path: str,
         use_seccomp: bool = True,
     ) -> None:
-        self.use_seccomp = use_seccomp
+        self.seccomp_program = seccomp.build_program() if use_seccomp else None
         self.index = index
         self.level = level
         self.workdir = workdir
@@ -470,7 +470,7 @@ class Zygote:
             self.binds,
             self.masks,
             self.boot_path,
-            self.use_seccomp,
+            self.seccomp_program,
         )
         code_r, code_w = os.pipe()
         done_r, done_w = os.pipe()
