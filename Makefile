@@ -29,7 +29,7 @@ test: setup
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/retool demo
+	$(VENV)/bin/retool demo --config configs/demo.toml
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -95,8 +95,9 @@ def test_each_step_takes_one_optimizer_step_and_changes_the_weights(tmp_path):
 def test_a_step_where_every_group_scores_alike_skips_the_update(tmp_path):
     # The boxed-answer reward: a random model is always wrong, every advantage is 0.
     config = load_config(write_config(tmp_path), ["train.steps=1", 'reward.function=""'])
-    run = train(config, run_dir=str(tmp_path / "run"), progress=False)
+    run = train(config, run_dir=str(tmp_path / "run"), progress=False, tracker="tensorboard")
     (metrics,) = run.metrics()
+    assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))  # the tracker ran
     assert metrics["train/update_skipped"] == 1.0 and metrics["train/datums"] == 0
     assert "optim/step" not in metrics
     assert metrics["rollout/degenerate_group_rate"] == 1.0
@@ -167,3 +168,49 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted, k
         (step2,) = [m for m in run.metrics() if m["step"] == 2]
         # The first question's group (4 trajectories) ended before the kill: reused.
         assert step2["train/reused_groups"] == 1
+
+
+def test_sigterm_saves_the_last_completed_step_and_resume_finishes(tmp_path, uninterrupted):
+    import signal
+    import time
+
+    config, expected = uninterrupted
+    run_dir = tmp_path / "run"
+    args = (
+        "train",
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--set",
+        "train.save_every=0",
+    )  # no periodic checkpoint: only the signal's
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RETOOL_KILL_AT", None)
+    command = [sys.executable, "-c", "import sys; from retool.cli import main; sys.exit(main())"]
+    process = subprocess.Popen(
+        [*command, *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    journal = run_dir / "journal" / "step_000002.jsonl"
+    deadline = time.monotonic() + 240
+    while not journal.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    run = RunDirectory(run_dir)
+    assert run.completed_steps() == [1]
+    assert [r.step for r in run.checkpoints()] == [1]  # written on the way out
+    resumed = retool(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert run.completed_steps() == [1, 2]
+    weights = final_weights(run_dir, 2)
+    for name in expected:
+        torch.testing.assert_close(weights[name], expected[name], rtol=0, atol=1e-6)

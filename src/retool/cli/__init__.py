@@ -37,8 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    from retool.training.loop import Interrupted
+
     try:
         return int(args.handler(args) or 0)
+    except Interrupted as exc:  # SIGINT/SIGTERM during training: saved, then stopped
+        print(f"retool: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except RetoolError as exc:
         print(f"retool: error: {exc}", file=sys.stderr)
         return 2
