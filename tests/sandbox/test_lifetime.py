@@ -17,7 +17,16 @@ import pytest
 from retool.errors import SandboxError
 from retool.sandbox import ErrorKind, LocalSandbox
 
-from .helpers import REPO, appeared, daemon_code, gone, handler_of, kill_all, procs_with
+from .helpers import (
+    REPO,
+    appeared,
+    daemon_code,
+    gone,
+    handler_of,
+    kill_all,
+    procs_with,
+    wait_for,
+)
 
 RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")
 
@@ -73,7 +82,7 @@ def _trainer_script(marker: str, isolation: str = "auto") -> str:
         import sys
         from retool.sandbox import LocalSandbox
         sb = LocalSandbox(max_workers=1, timeout=120, isolation={isolation!r})
-        print("started", flush=True)
+        print("started", sb._dir, flush=True)
         sb.run({code!r})
         """
     )
@@ -88,11 +97,13 @@ def test_trainer_sigkill_mid_call_kills_the_call(isolation):
         cwd=REPO,
     )
     try:
-        assert trainer.stdout.readline().strip() == b"started"
+        started, workdir = trainer.stdout.readline().decode().split()
+        assert started == "started"
         assert appeared(marker)
         trainer.kill()  # SIGKILL: no cleanup code of ours runs in the trainer
         trainer.wait()
         assert gone(marker), "the call's daemon outlived a SIGKILLed trainer"
+        assert wait_for(lambda: not os.path.exists(workdir))  # the reaper cleaned up
     finally:
         trainer.kill()
         kill_all(marker)

@@ -141,6 +141,31 @@ def test_concurrent_calls_cannot_talk_over_unix_sockets(sandbox):
     assert "talker failed PermissionError" in results["talker"].stdout
 
 
+def test_concurrent_calls_cannot_talk_over_loopback(sandbox):
+    listener_code = (
+        "import socket\ntry:\n    s = socket.socket()\n    s.bind(('127.0.0.1', 45454))\n"
+        "    s.listen(1)\n    s.settimeout(2)\n    c, _ = s.accept()\n    print('got', c.recv(9))\n"
+        "except OSError as e:\n    print('listener failed', type(e).__name__)"
+    )
+    talker_code = (
+        "import socket, time\ntime.sleep(0.3)\ntry:\n"
+        "    s = socket.create_connection(('127.0.0.1', 45454), timeout=1)\n"
+        "    s.sendall(b'secret')\n    print('sent')\nexcept OSError as e:\n"
+        "    print('talker failed', type(e).__name__)\n"
+        "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ntry:\n"
+        "    u.sendto(b'x', ('127.0.0.1', 45455))\n    print('udp sent')\n"
+        "except OSError as e:\n    print('udp failed', type(e).__name__)"
+    )
+    results = {}
+    thread = threading.Thread(target=lambda: results.update(listener=sandbox.run(listener_code)))
+    thread.start()
+    results["talker"] = sandbox.run(talker_code)
+    thread.join()
+    assert "got" not in results["listener"].stdout
+    assert "talker failed" in results["talker"].stdout
+    assert "udp failed" in results["talker"].stdout
+
+
 def test_datagram_and_pathname_unix_sockets_are_refused_too(sandbox):
     code = (
         "import socket\nfor kind in (socket.SOCK_DGRAM, socket.SOCK_SEQPACKET):\n    try:\n"

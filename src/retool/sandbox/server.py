@@ -405,7 +405,7 @@ class Prepared:
 
 
 class Zygote:
-    """Forks the A/B/C of each call from a process that never held request data."""
+    """Forks each call's B (and so C) from a process that never held request data."""
 
     def __init__(
         self,
@@ -773,9 +773,10 @@ def claim_uid_block(workdir: str) -> tuple[int, int | None]:
     raise RuntimeError("no free sandbox uid block")
 
 
-def _run_reaper(group: cgroups.Group | None, server_pid: int, alive_r: int) -> None:
+def _run_reaper(group: cgroups.Group | None, server_pid: int, alive_r: int, workdir: str) -> None:
     """The reaper: once the trainer (lifeline, fd 0) or the server is gone, kill the
-    instance's cgroup whole (every call, daemons included) and remove it."""
+    instance's cgroup whole (every call, daemons included), remove it and the
+    server's directory."""
     try:
         _close_all_except(0, alive_r)
         with contextlib.suppress(OSError):
@@ -791,6 +792,7 @@ def _run_reaper(group: cgroups.Group | None, server_pid: int, alive_r: int) -> N
             os.killpg(server_pid, signal.SIGKILL)
         if group is not None:
             group.kill_and_remove(within=5.0)
+        shutil.rmtree(workdir, ignore_errors=True)
     finally:
         os._exit(0)
 
@@ -861,7 +863,7 @@ def main(argv: list[str] | None = None) -> None:
     alive_r, alive_w = os.pipe()
     server_pid = os.getpid()
     if os.fork() == 0:
-        _run_reaper(group, server_pid, alive_r)
+        _run_reaper(group, server_pid, alive_r, workdir)
     os.close(alive_r)
     if group is not None:
         with contextlib.suppress(OSError):
