@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from retool.errors import ProtocolError
-from retool.protocol.prompts import SYSTEM_RULES, TOOL_DESCRIPTION
+from retool.protocol.prompts import SYSTEM_RULES, TEXT_RULES, TOOL_DESCRIPTION
 from retool.protocol.sanitize import sanitize_observation, tokenizer_special_strings
 
 Message = dict[str, Any]
@@ -101,11 +101,12 @@ class ToolDialect(abc.ABC):
     def tool_schema(self) -> dict[str, Any]:
         return tool_schema()
 
-    def initial_messages(self, question: str, tokenizer: Any = None) -> list[Message]:
-        return [
-            {"role": "system", "content": self.system_prompt(tokenizer)},
-            {"role": "user", "content": question},
-        ]
+    def initial_messages(
+        self, question: str, tokenizer: Any = None, tools: bool = True
+    ) -> list[Message]:
+        """System rules and the question; ``tools=False`` is the text-only baseline's prompt."""
+        system = self.system_prompt(tokenizer) if tools else TEXT_RULES
+        return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
     # -- rendering -------------------------------------------------------------
     def _tools(self) -> list[dict[str, Any]] | None:

@@ -22,3 +22,10 @@ Rules:
 - Make at most one tool call per turn, then stop and wait for its output.
 - Never call the tool and give the final answer in the same turn.
 - When you are done, end with exactly one line containing the final answer as \\boxed{answer}."""
+
+TEXT_RULES = """\
+You are a careful mathematician.
+
+Rules:
+- Reason step by step, carefully.
+- When you are done, end with exactly one line containing the final answer as \\boxed{answer}."""

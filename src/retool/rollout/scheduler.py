@@ -361,7 +361,9 @@ class _Batch:
                 assert trajectory.stop_reason is not None
                 self.notify(trajectory, trajectory.stop_reason, 1, reused=True)
             return
-        messages = self.dialect.initial_messages(example.question, self.tokenizer)
+        messages = self.dialect.initial_messages(
+            example.question, self.tokenizer, tools=self.sandbox is not None
+        )
         root = Trajectory(
             example=example,
             group_index=0,
@@ -549,7 +551,8 @@ async def rollout_batch_async(
 ) -> RolloutResult:
     """Roll out ``group_size`` trajectories per example; for callers inside an event loop.
 
-    ``sandbox=None`` disables tools: a tool call ends the trajectory
+    ``sandbox=None`` disables tools (the text-only baseline): the system prompt
+    does not mention the interpreter, and a tool call ends the trajectory
     (``max_code_calls``). ``context_limit`` is the trainer's longest input, if
     the caller knows it; the sampler's own limit is read from
     ``sampling_client.max_context_tokens`` when it reports one.

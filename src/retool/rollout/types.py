@@ -212,7 +212,32 @@ class Trajectory:
             "parse": [t.parse_kind for t in self.turns],
             "error": self.error,
             "policy_version": self.policy_version,
+            "segments": self.segments(),
         }
+
+    def segments(self) -> list[dict[str, Any]]:
+        """The token chain ``P1, C1, D1, C2, ...`` as runs of ids, each marked with its role.
+
+        ``context`` runs (prompt, template, observation) never carry loss;
+        ``assistant`` runs (sampled tokens) carry it when the trajectory trains
+        (``loss``), which is what a viewer colours.
+        """
+        trains = not self.excluded and self.advantage != 0
+        out: list[dict[str, Any]] = []
+        known = 0
+        for turn in self.turns:
+            context = turn.prompt_tokens[known:]
+            if context:
+                out.append({"role": "context", "tokens": list(context), "loss": False})
+            out.append(
+                {"role": "assistant", "tokens": list(turn.completion_tokens), "loss": trains}
+            )
+            known = len(turn.prompt_tokens) + len(turn.completion_tokens)
+        if self.next_prompt_tokens is not None and len(self.next_prompt_tokens) > known:
+            out.append(
+                {"role": "context", "tokens": self.next_prompt_tokens[known:], "loss": False}
+            )
+        return out
 
 
 @dataclass(frozen=True)
