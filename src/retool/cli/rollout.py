@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from retool.cli.common import add_config_options
 from retool.errors import ConfigError
 
 
@@ -39,15 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--step", type=int, default=0, help="training step for the seeds")
     parser.add_argument("--no-tools", action="store_true", help="disable the code interpreter")
     parser.add_argument("--output", help="write one JSON line per trajectory here")
-    parser.add_argument("--config", help="a TOML config file (default: built-in defaults)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value",
-    )
+    add_config_options(parser)
     parser.set_defaults(handler=run)
 
 

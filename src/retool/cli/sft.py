@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from retool.cli.common import add_config_options, add_run_options, print_run
 from retool.errors import ConfigError, DataError
 
 
@@ -46,31 +47,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "`retool sft make-demos --help` describes the demonstration writer."
         ),
     )
-    parser.add_argument("--config", help="a TOML config file (default: built-in defaults)")
+    add_config_options(parser)
     parser.add_argument(
         "--data", metavar="FILE.jsonl", help="the conversations to train on (required)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value",
-    )
-    parser.add_argument("--run-dir", help="the run directory (default: train.run_dir)")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue from the last complete checkpoint"
-    )
-    parser.add_argument("--init-from", metavar="CHECKPOINT", help="start from these saved weights")
-    parser.add_argument(
-        "--tracker",
-        choices=["swanlab", "wandb", "tensorboard"],
-        help="also log to this tracker (offline mode; needs the 'track' extra)",
-    )
-    parser.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (summary lines only)"
-    )
+    add_run_options(parser)
     parser.set_defaults(handler=run_train)
 
     verbs = parser.add_subparsers(dest="verb", metavar="{make-demos}", required=False)
@@ -187,9 +168,5 @@ def run_train(args: argparse.Namespace) -> int:
         tracker=args.tracker,
         progress=not args.no_progress,
     )
-    print(f"run directory: {run.path}")
-    last = run.last_checkpoint()
-    if last is not None:
-        print(f"last checkpoint: step {last.step} ({last.state_path}); start RL from it with")
-        print(f"  retool train --init-from {run.path} ...")
+    print_run(run, then="start RL from it: retool train --init-from {run} ...")
     return 0
