@@ -185,7 +185,7 @@ class LocalSandbox:
         try:
             self._spawn_server(self.preload)
         except SandboxError:
-            if not self.preload or self.isolation == "strict":
+            if not self.preload:
                 raise
             log.warning(
                 "the sandbox server died while preloading %s; running every call in a "
