@@ -285,6 +285,10 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
         if spec.seccomp is not None:
             seccomp.install(spec.seccomp)
+        if not spec.fresh and (spec.level == FULL or spec.group is not None):
+            # Before the code arrives (off the critical path); something kills it.
+            with contextlib.suppress(OSError):
+                linux.pin_address_space()
         with os.fdopen(code_r, "rb") as handle:
             raw = handle.read()
         if not raw:
@@ -312,9 +316,6 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
             )
         os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
         os.close(ready_w)
-        if spec.level == FULL or spec.group is not None:  # something kills the pin
-            with contextlib.suppress(OSError):
-                linux.pin_address_space()
         _reseed()
         status = _run_code(request["code"]) & 0xFF
     except BaseException:
@@ -379,7 +380,13 @@ def _child_b(
         for fd in (code_r, out_fd, err_fd):
             os.close(fd)
         _, status = os.waitpid(pid_c, 0)
-        ready = os.read(ready_r, 1) == b"1"  # read after the exit: no wake-up mid-call
+        # Read after the exit (no wake-up mid-call), without blocking: C's pin
+        # may still hold a copy of the write end.
+        os.set_blocking(ready_r, False)
+        try:
+            ready = os.read(ready_r, 1) == b"1"
+        except BlockingIOError:
+            ready = False
         os.close(ready_r)
         os.write(done_w, f"{int(ready)} {status}\n".encode())
     except BaseException:
@@ -703,8 +710,9 @@ def _unlink(path: str) -> None:
 
 
 def _tail(path: str, cap: int) -> tuple[str, bool, int]:
-    """(the last ``cap`` bytes of a file decoded with replacement, cut, its size);
-    deletes the file."""
+    """(the last ``cap`` bytes of a file decoded with replacement, cut, its size).
+
+    The cleaner thread deletes the file, after the reply."""
     try:
         with open(path, "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
@@ -712,8 +720,6 @@ def _tail(path: str, cap: int) -> tuple[str, bool, int]:
             data = handle.read(cap)
     except FileNotFoundError:
         return "", False, 0
-    finally:
-        _unlink(path)
     return data.decode("utf-8", errors="replace"), size > cap, size
 
 
