@@ -1,0 +1,309 @@
+"""``retool eval``: a benchmark sampled N times, with its uncertainty; ``eval compare``.
+
+Two forms share one command::
+
+    retool eval --model MODEL --dataset DATASET --output FILE.jsonl [--val-n 12]
+                [--limit K] [--mode tool|text] [--temperature T] [--top-p P] [--seed S]
+                [--backend local|pytrio|tinker] [--config FILE] [--set SECTION.KEY=VALUE ...]
+                [--question-field F] [--answer-field F] [--id-field F]
+    retool eval compare A.jsonl B.jsonl [--json]
+
+``compare`` is an optional sub-verb (a non-required sub-parser), as in
+``retool sft make-demos``. Sampling settings resolve as: the flag, then
+``--set rollout.temperature=...`` / the config file, then the evaluation
+defaults ``temperature = 1.0``, ``top_p = 0.7``. ``--seed`` sets ``rollout.seed``.
+
+Every user mistake (a missing flag, an unknown model or step, a dataset
+without the named field, an output written with other settings) is a
+:class:`~retool.errors.RetoolError` raised before any model loads or any
+file is written, so the CLI prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from retool.errors import ConfigError
+
+EVAL_TEMPERATURE = 1.0
+EVAL_TOP_P = 0.7
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a model on a benchmark (N samples per problem), or compare two results",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Sample every problem N times with the rollout engine (tool mode: with the\n"
+            "sandbox; text mode: no tools), write one JSON line per sample as it finishes and\n"
+            "a summary: Average@N with a 95% bootstrap CI over problems, Pass@N, unbiased\n"
+            "pass@k, format rate, behaviour and sandbox rates. Rerunning with the same\n"
+            "--output continues where it stopped (and refuses other settings)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  retool eval --model tiny-random --dataset demo --val-n 4 --output base.jsonl\n"
+            "  retool eval --model runs/demo@20 --dataset aime2025/ --mode text --output b.jsonl\n"
+            "  retool eval compare base.jsonl b.jsonl\n\n"
+            "MODEL: an alias (smollm2-135m-instruct, tiny-random), an HF directory, saved sampler\n"
+            "weights, a run directory (its latest checkpoint) or RUN_DIR@STEP.\n"
+            "DATASET: demo (test split), demo:dev, demo:train, a .jsonl/.parquet file with\n"
+            "question/problem and answer fields, or a datasets save_to_disk directory."
+        ),
+    )
+    parser.add_argument("--model", help="the model to evaluate (required; see below)")
+    parser.add_argument(
+        "--backend",
+        choices=["local", "pytrio", "tinker"],
+        help="overrides model.backend (only local is available so far)",
+    )
+    parser.add_argument("--dataset", help="the problems (required; see below)")
+    parser.add_argument("--output", metavar="FILE.jsonl", help="the results file (required)")
+    parser.add_argument(
+        "--val-n", type=int, default=12, metavar="N", help="samples per problem (default 12)"
+    )
+    parser.add_argument("--limit", type=int, metavar="K", help="only the first K problems")
+    parser.add_argument(
+        "--mode",
+        choices=["tool", "text"],
+        default="tool",
+        help="tool: with the code interpreter (default); text: no tools, the text-only baseline",
+    )
+    parser.add_argument(
+        "--temperature", type=float, help=f"sampling temperature (default {EVAL_TEMPERATURE})"
+    )
+    parser.add_argument("--top-p", type=float, help=f"nucleus mass (default {EVAL_TOP_P})")
+    parser.add_argument("--seed", type=int, help="sampling seed (rollout.seed)")
+    parser.add_argument("--config", help="a TOML config file (default: built-in defaults)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. rollout.max_assistant_tokens=512",
+    )
+    parser.add_argument("--question-field", help="question field (default: question, problem)")
+    parser.add_argument("--answer-field", help="answer field (default: answer)")
+    parser.add_argument("--id-field", help="id field (default: id, else the row index)")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (the summary only)"
+    )
+    parser.set_defaults(handler=run)
+
+    verbs = parser.add_subparsers(dest="verb", metavar="{compare}", required=False)
+    comp = verbs.add_parser(
+        "compare",
+        help="paired comparison of two results files on the same problems",
+        description="Compare B against A on the problems complete in both files (same N): "
+        "the difference in Average@N (B - A) with a paired bootstrap CI over problems, a "
+        "sign-flip permutation p-value (exact up to 20 differing problems), and the problems "
+        "solved (any correct sample) by one and not the other.",
+    )
+    comp.add_argument("a", metavar="A.jsonl", help="the baseline results")
+    comp.add_argument("b", metavar="B.jsonl", help="the results compared against it")
+    comp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    comp.set_defaults(handler=run_compare)
+
+
+def _file_sets_sampling(config_path: str | None) -> set[str]:
+    """The rollout sampling keys the config file sets itself."""
+    if config_path is None:
+        return set()
+    try:
+        raw = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return set()  # load_config reports it
+    rollout = raw.get("rollout")
+    return set(rollout) & {"temperature", "top_p"} if isinstance(rollout, dict) else set()
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    given = _file_sets_sampling(args.config)
+    for text in args.overrides:
+        key = text.split("=", 1)[0].strip()
+        if key in ("rollout.temperature", "rollout.top_p"):
+            given.add(key.split(".", 1)[1])
+    overrides = []
+    if "temperature" not in given:
+        overrides.append(f"rollout.temperature={EVAL_TEMPERATURE}")
+    if "top_p" not in given:
+        overrides.append(f"rollout.top_p={EVAL_TOP_P}")
+    overrides += list(args.overrides)
+    if args.temperature is not None:
+        overrides.append(f"rollout.temperature={args.temperature!r}")
+    if args.top_p is not None:
+        overrides.append(f"rollout.top_p={args.top_p!r}")
+    if args.seed is not None:
+        overrides.append(f"rollout.seed={args.seed}")
+    if args.backend is not None:
+        overrides.append(f'model.backend="{args.backend}"')
+    return overrides
+
+
+def _check_output(output: Path) -> None:
+    if output.is_dir():
+        raise ConfigError(f"--output {output}: is a directory")
+    if not output.parent.is_dir():
+        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist")
+
+
+def _dataset_key(spec: str) -> str:
+    if spec == "demo" or spec.startswith("demo:"):
+        return spec
+    return str(Path(spec).expanduser().resolve())
+
+
+def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=total,
+        initial=done,
+        unit="sample",
+        desc="eval",
+        file=sys.stderr,
+        disable=True if disable else None,
+    )
+
+    def update(event: Any) -> None:
+        if not event.reused:
+            bar.update(event.count)
+            bar.set_postfix_str(str(event.stop_reason))
+
+    return bar, update
+
+
+def run(args: argparse.Namespace) -> int:
+    from retool.config import load_config
+    from retool.evaluation import (
+        FieldNames,
+        check_resumable,
+        eval_settings,
+        format_summary,
+        load_eval_examples,
+        resolve_model_spec,
+    )
+
+    for flag, value in (
+        ("--model", args.model),
+        ("--dataset", args.dataset),
+        ("--output", args.output),
+    ):
+        if not value:
+            raise ConfigError(f"{flag} is required (see `retool eval --help`)")
+    if args.val_n < 1:
+        raise ConfigError(f"--val-n must be >= 1, got {args.val_n}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    config = load_config(args.config, _overrides(args))
+    output = Path(args.output)
+    _check_output(output)
+    fields = FieldNames(args.question_field, args.answer_field, args.id_field)
+    examples = load_eval_examples(args.dataset, fields, args.limit)
+    model = resolve_model_spec(args.model)
+    tools = args.mode == "tool"
+    settings: dict[str, Any] = {
+        "model": model.path if model.kind == "alias" else str(Path(model.path).resolve()),
+        "model_kind": model.kind,
+        "checkpoint_step": model.step,
+        "backend": config.model.backend,
+        "dataset": _dataset_key(args.dataset),
+        "fields": fields.to_dict(),
+        "limit": args.limit,
+        "reward": {"function": config.reward.function, "timeout": config.reward.timeout},
+    }
+    if tools:
+        sandbox_config = config.sandbox
+        settings["sandbox"] = {
+            "timeout": sandbox_config.timeout,
+            "memory_mb": sandbox_config.memory_mb,
+            "max_output_bytes": sandbox_config.max_output_bytes,
+        }
+    import dataclasses
+
+    rollout = dataclasses.replace(config.rollout, group_size=args.val_n)
+    full = eval_settings(
+        settings, rollout, n=args.val_n, examples=examples, tools=tools, seed_step=0
+    )
+    resume = check_resumable(output, full)  # refuse other settings before loading anything
+
+    from retool.backends import open_sampling_client, open_sandbox, service_client
+    from retool.evaluation import evaluate
+    from retool.reward import default_checker, load_reward_function
+
+    scorer = load_reward_function(config.reward.function) if config.reward.function else None
+    service = service_client(config.model, checkpoint_root=config.train.run_dir)
+    sampler = open_sampling_client(service, model.path)
+    done = len(resume.done)
+    if done:
+        print(
+            f"resuming {output}: {done} of {len(examples)} problems done"
+            + (f", {resume.discarded} partial samples discarded" if resume.discarded else ""),
+            file=sys.stderr,
+        )
+    bar, update = _progress_bar(len(examples) * args.val_n, done * args.val_n, args.no_progress)
+    sandbox = None
+    try:
+        if tools:
+            sandbox = open_sandbox(config.sandbox)
+        summary = evaluate(
+            sampler,
+            sampler.get_tokenizer(),
+            sandbox,
+            examples,
+            rollout,
+            n=args.val_n,
+            output=output,
+            settings=settings,
+            progress=update,
+            seed_step=0,
+            reward_timeout=config.reward.timeout,
+            scorer=scorer,
+            checker=None if scorer else default_checker(workers=config.reward.workers),
+        )
+    finally:
+        bar.close()
+        if sandbox is not None:
+            sandbox.close()
+        sampler.close()
+    step = f" (step {model.step})" if model.step is not None else ""
+    print(f"{args.model}{step} on {args.dataset}, {args.mode} mode: {len(examples)} problems")
+    print(format_summary(summary))
+    print(f"wrote {summary.samples} samples and the summary to {output}")
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from retool.evaluation import compare, format_comparison
+
+    evaluation_flags = {
+        "--model": args.model,
+        "--backend": args.backend,
+        "--dataset": args.dataset,
+        "--output": args.output,
+        "--limit": args.limit,
+        "--temperature": args.temperature,
+        "--top-p": args.top_p,
+        "--seed": args.seed,
+        "--config": args.config,
+        "--set": args.overrides,
+        "--question-field": args.question_field,
+        "--answer-field": args.answer_field,
+        "--id-field": args.id_field,
+    }
+    given = [flag for flag, value in evaluation_flags.items() if value not in (None, [])]
+    if given:
+        raise ConfigError(f"{given[0]} belongs to `retool eval`, not to `retool eval compare`")
+    result = compare(args.a, args.b)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_comparison(result))
+    return 0

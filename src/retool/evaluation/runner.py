@@ -1,0 +1,350 @@
+"""Run an evaluation: ``n`` samples per problem through the rollout engine, journaled.
+
+:func:`evaluate` is one rollout batch with ``group_size = n`` (advantages are
+computed by the engine but mean nothing here). Each sample's row is appended
+to the results file as its trajectory ends (the rollout's progress callback
+fires after scoring), so a kill loses at most the samples in flight.
+
+Resuming: the same call with the same ``output`` keeps the problems that
+already have all ``n`` samples, discards the rows of partially sampled ones,
+and samples only the rest. The kept problems are handed to the rollout as
+``reuse`` placeholders, so every remaining problem keeps its position in the
+batch and therefore its sampling seeds: a resumed evaluation samples exactly
+what an uninterrupted one would have. Samples are seeded by the rollout seed,
+``seed_step`` (the ``step`` of the rollout) and the problem's position, so the
+same settings always give the same samples.
+
+A file written with different settings is refused (one
+:class:`~retool.errors.ConfigError` naming the keys that differ) before
+anything is sampled or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool.config import RolloutConfig
+from retool.data.examples import MathExample
+from retool.errors import ConfigError, DataError
+from retool.evaluation.results import (
+    complete_problems,
+    header_line,
+    load_results,
+    row_line,
+    sample_row,
+    write_atomic,
+)
+from retool.evaluation.summary import EvalSummary, summarize
+from retool.rollout import (
+    ProgressCallback,
+    ProgressEvent,
+    StopReason,
+    Trajectory,
+    check_context_limit,
+)
+
+# Rollout fields that decide the samples (the rest are concurrency and retry knobs).
+SAMPLE_DECIDING = (
+    "max_code_calls",
+    "max_assistant_turns",
+    "max_trajectory_tokens",
+    "max_assistant_tokens",
+    "max_tool_response_tokens",
+    "min_observation_tokens",
+    "protocol",
+    "share_identical_code",
+)
+
+
+def _problems_digest(examples: Sequence[MathExample]) -> str:
+    sha = hashlib.sha256()
+    for example in examples:
+        sha.update(json.dumps([example.id, example.question, example.answer]).encode())
+    return sha.hexdigest()[:16]
+
+
+def eval_settings(
+    settings: Mapping[str, Any],
+    config: RolloutConfig,
+    *,
+    n: int,
+    examples: Sequence[MathExample],
+    tools: bool,
+    seed_step: int = 0,
+) -> dict[str, Any]:
+    """The header settings: the caller's, plus what the evaluation itself decides."""
+    try:
+        full = json.loads(json.dumps(dict(settings)))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"evaluation settings must be JSON values: {exc}") from None
+    full.update(
+        {
+            "n": n,
+            "mode": "tool" if tools else "text",
+            "seed": config.seed,
+            "seed_step": seed_step,
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "rollout": {name: getattr(config, name) for name in SAMPLE_DECIDING},
+            "problems": len(examples),
+            "problems_sha256": _problems_digest(examples),
+        }
+    )
+    return full
+
+
+def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} ({json.dumps(a)} -> {json.dumps(b)})")
+    return out
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """What an existing results file contributes to a run with the same settings."""
+
+    rows: tuple[dict[str, Any], ...]  # rows of the complete problems, kept
+    done: frozenset[int]  # their problem positions
+    discarded: int  # rows of partially sampled problems, dropped
+    session: int  # the number of the session about to run
+
+
+def check_resumable(output: Path, settings: Mapping[str, Any]) -> ResumeState:
+    """Read ``output`` (if any) and refuse it when its settings differ from ``settings``."""
+    if output.is_dir():
+        raise ConfigError(f"--output {output}: is a directory")
+    if not output.exists() or output.stat().st_size == 0:
+        return ResumeState((), frozenset(), 0, 0)
+    try:
+        previous = load_results(output)
+    except DataError as exc:
+        raise ConfigError(
+            f"--output {output} exists but cannot be continued ({exc}); choose another --output"
+        ) from None
+    differences = _differences(previous.settings, settings)
+    if differences:
+        raise ConfigError(
+            f"--output {output} was written with other settings: {'; '.join(differences)}; "
+            "rerun with the same settings to continue it, or choose another --output"
+        )
+    problems = complete_problems(previous.rows, int(settings["n"]))
+    kept = tuple(row for members in problems.values() for row in members)
+    done = frozenset(int(members[0]["problem_index"]) for members in problems.values())
+    session = 1 + max((int(r.get("session", 0)) for r in previous.rows), default=-1)
+    return ResumeState(kept, done, len(previous.rows) - len(kept), session)
+
+
+def _placeholders(example: MathExample, slot: int, rows: list[dict[str, Any]]) -> list[Trajectory]:
+    """Stand-ins for a finished group: the rollout skips the slot and keeps its seeds."""
+    out = []
+    for row in rows:
+        trajectory = Trajectory(
+            example=example, group_index=int(row["sample"]), messages=[], question_index=slot
+        )
+        trajectory.stop_reason = (
+            StopReason(row["stop_reason"]) if row.get("stop_reason") else (StopReason.ANSWER)
+        )
+        out.append(trajectory)
+    return out
+
+
+class _Journal:
+    """Appends one row per ended trajectory, flushed at once."""
+
+    def __init__(self, path: Path, session: int, forward: ProgressCallback | None) -> None:
+        self.path = path
+        self.session = session
+        self.forward = forward
+        self.started = time.monotonic()
+        self.written: set[tuple[int, int]] = set()
+        self.rows: list[dict[str, Any]] = []
+        self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+
+    def add(self, trajectory: Trajectory) -> None:
+        key = (trajectory.question_index, trajectory.group_index)
+        if key in self.written:
+            return
+        row = sample_row(
+            trajectory, trajectory.question_index, self.session, time.monotonic() - self.started
+        )
+        self.handle.write(row_line(row))
+        self.handle.flush()
+        self.written.add(key)
+        self.rows.append(row)
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if event.trajectory is not None and not event.reused:
+            self.add(event.trajectory)
+        if self.forward is not None:
+            self.forward(event)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+@dataclass
+class _Prepared:
+    config: RolloutConfig
+    settings: dict[str, Any]
+    resume: ResumeState
+    reuse: dict[int, list[Trajectory]]
+    remaining: int
+
+
+def _prepare(
+    sampling_client: Any,
+    examples: Sequence[MathExample],
+    config: RolloutConfig,
+    n: int,
+    output: Path,
+    settings: Mapping[str, Any],
+    tools: bool,
+    seed_step: int,
+) -> _Prepared:
+    if n < 1:
+        raise ConfigError(f"--val-n must be >= 1, got {n}")
+    if not examples:
+        raise ConfigError("nothing to evaluate: the problem list is empty")
+    config = dataclasses.replace(config, group_size=n)
+    check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
+    full = eval_settings(settings, config, n=n, examples=examples, tools=tools, seed_step=seed_step)
+    resume = check_resumable(output, full)
+    by_slot: dict[int, list[dict[str, Any]]] = {}
+    for row in resume.rows:
+        by_slot.setdefault(int(row["problem_index"]), []).append(row)
+    reuse = {
+        slot: _placeholders(examples[slot], slot, rows)
+        for slot, rows in by_slot.items()
+        if 0 <= slot < len(examples)
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(output, [header_line(full), *(row_line(r) for r in resume.rows)])
+    return _Prepared(config, full, resume, reuse, len(examples) - len(reuse))
+
+
+def _finish(
+    output: Path, prepared: _Prepared, journal: _Journal, result: Any | None
+) -> EvalSummary:
+    if result is not None:  # skipped questions (first prompt too long) send no trajectory
+        for trajectory in result.trajectories:
+            if trajectory.question_index not in prepared.reuse:
+                journal.add(trajectory)
+    journal.handle.flush()
+    rows = [*prepared.resume.rows, *journal.rows]
+    summary = summarize(rows, prepared.config.group_size)
+    journal.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
+    journal.handle.flush()
+    os.fsync(journal.handle.fileno())
+    return summary
+
+
+def evaluate(
+    sampling_client: Any,
+    tokenizer: Any,
+    sandbox: Any | None,
+    examples: Sequence[MathExample],
+    config: RolloutConfig,
+    *,
+    n: int,
+    output: Path,
+    settings: Mapping[str, Any],
+    progress: ProgressCallback | None = None,
+    seed_step: int = 0,
+    reward_timeout: float = 5.0,
+    scorer: Any | None = None,
+    checker: Any | None = None,
+) -> EvalSummary:
+    """Sample every problem ``n`` times, write ``output``, return the summary.
+
+    ``sandbox=None`` is text mode (no tools). ``settings`` describe the run for
+    the header (model, dataset, ...); the evaluation adds ``n``, the mode, the
+    seeds, the sampling settings and budgets of ``config``, and a digest of the
+    problems. ``progress`` receives the rollout's events (after each row is
+    written). ``reward_timeout``, ``scorer`` and ``checker`` go to the rollout's
+    scoring as in training. Synchronous: from inside an event loop use
+    :func:`evaluate_async`.
+    """
+    from retool.rollout import rollout_batch
+
+    output = Path(output)
+    prepared = _prepare(
+        sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
+    )
+    journal = _Journal(output, prepared.resume.session, progress)
+    try:
+        result = None
+        if prepared.remaining:
+            result = rollout_batch(
+                sampling_client,
+                tokenizer,
+                sandbox,
+                examples,
+                prepared.config,
+                step=seed_step,
+                progress=journal,
+                reward_timeout=reward_timeout,
+                reuse=prepared.reuse,
+                scorer=scorer,
+                checker=checker,
+            )
+        return _finish(output, prepared, journal, result)
+    finally:
+        journal.close()
+
+
+async def evaluate_async(
+    sampling_client: Any,
+    tokenizer: Any,
+    sandbox: Any | None,
+    examples: Sequence[MathExample],
+    config: RolloutConfig,
+    *,
+    n: int,
+    output: Path,
+    settings: Mapping[str, Any],
+    progress: ProgressCallback | None = None,
+    seed_step: int = 0,
+    reward_timeout: float = 5.0,
+    scorer: Any | None = None,
+    checker: Any | None = None,
+) -> EvalSummary:
+    """:func:`evaluate` for callers inside an event loop."""
+    from retool.rollout import rollout_batch_async
+
+    output = Path(output)
+    prepared = _prepare(
+        sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
+    )
+    journal = _Journal(output, prepared.resume.session, progress)
+    try:
+        result = None
+        if prepared.remaining:
+            result = await rollout_batch_async(
+                sampling_client,
+                tokenizer,
+                sandbox,
+                examples,
+                prepared.config,
+                step=seed_step,
+                progress=journal,
+                reward_timeout=reward_timeout,
+                reuse=prepared.reuse,
+                scorer=scorer,
+                checker=checker,
+            )
+        return _finish(output, prepared, journal, result)
+    finally:
+        journal.close()

@@ -1,0 +1,69 @@
+"""Tool mode with a scripted sampler and sandbox: the per-sample sandbox counts and
+rates, correctness, and rows appended as samples end (before ``progress`` hears)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retool.config import RolloutConfig
+from retool.data import MathExample
+from retool.evaluation import evaluate, load_results
+from retool.sandbox import ErrorKind, ExecResult
+from tests.rollout.fakes import FakeSandbox, ScriptedSampler, answer_text, call_text
+
+CONFIG = RolloutConfig(
+    max_trajectory_tokens=2048,
+    max_assistant_tokens=128,
+    max_tool_response_tokens=64,
+    max_assistant_turns=3,
+    retry_backoff=0.0,
+)
+PROBLEMS = [
+    MathExample("q1", "What is 3 + 4?", "7"),
+    MathExample("q2", "What is 2 * 5?", "10"),
+]
+
+
+def _script(call):
+    if call.turn == 0:  # sample 0 computes, sample 1 runs code that times out
+        return call_text("print(1)" if call.index == 0 else "while True: pass")
+    return answer_text("7")  # right for q1, wrong for q2
+
+
+def _outputs(code):
+    if "while" in code:
+        return ExecResult(False, "", "", None, True, 5.0, False, ErrorKind.TIMEOUT)
+    return "1\n"
+
+
+def test_tool_mode_counts_sandbox_calls_per_sample(smol_tokenizer, tmp_path):
+    out = tmp_path / "tool.jsonl"
+    rows_at_event = []
+
+    def progress(event):
+        rows_at_event.append(len(out.read_text().splitlines()) - 1)  # header excluded
+
+    sampler = ScriptedSampler(smol_tokenizer, _script)
+    sandbox = FakeSandbox(_outputs)
+    summary = evaluate(sampler, smol_tokenizer, sandbox, PROBLEMS, CONFIG, n=2, output=out,
+                       settings={"model": "scripted"}, progress=progress)  # fmt: skip
+    assert rows_at_event == [1, 2, 3, 4]  # each row is on disk before progress hears of it
+    rows = {(r["problem_id"], r["sample"]): r for r in load_results(out).rows}
+    computed, timed_out = rows[("q1", 0)], rows[("q1", 1)]
+    assert computed["correct"] and computed["format"] and computed["answer"] == "7"
+    assert (computed["turns"], computed["code_calls"], computed["sandbox_calls"]) == (2, 1, 1)
+    assert (computed["sandbox_errors"], computed["sandbox_timeouts"]) == (0, 0)
+    assert (timed_out["sandbox_errors"], timed_out["sandbox_timeouts"]) == (1, 1)
+    assert not rows[("q2", 0)]["correct"] and rows[("q2", 0)]["reference"] == "10"
+    assert summary.average_at_n == pytest.approx(0.5) and summary.pass_at_n == pytest.approx(0.5)
+    assert summary.sandbox_calls == 4
+    assert summary.sandbox_error_rate == pytest.approx(0.5)
+    assert summary.sandbox_timeout_rate == pytest.approx(0.5)
+    assert summary.mean_code_calls == pytest.approx(1.0) and summary.format_rate == 1.0
+    header = json.loads(out.read_text().splitlines()[0])
+    assert (
+        header["settings"]["mode"] == "tool"
+        and header["settings"]["rollout"]["max_assistant_turns"] == 3
+    )
