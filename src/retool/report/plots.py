@@ -1,0 +1,277 @@
+"""PNG plots of a run's metrics against step, and of eval results.
+
+Design:
+
+* matplotlib's object API with the Agg canvas (``Figure`` + ``FigureCanvasAgg``),
+  never ``pyplot``: no global backend switch, no display, nothing left open
+  between calls, so reports work headless and inside other programs.
+* Each plot is declared as data (:data:`PLOTS`: panels of metric keys). A key a
+  run never wrote is dropped; a panel with no key left is dropped; a plot with
+  no panel left is not written, and the page lists it as "not recorded". That
+  is how an SFT run (no rewards, no rollouts) or a run whose every update was
+  skipped (no loss, no grad norm) get the plots they can have and no crash.
+* A metric missing at some steps (the loss on a step whose update was skipped)
+  is a gap (NaN), not a zero; every series has point markers so a single step
+  still shows.
+* Stacked panels (stop-reason shares, step time by phase) take every key with
+  the prefix, keep those that are non-zero somewhere, and stack them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool.errors import require
+from retool.report.inputs import EvalResult
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One axes: lines of ``keys``, or a stack of every key starting with ``prefix``."""
+
+    title: str
+    keys: tuple[tuple[str, str], ...] = ()  # (metric key, legend label)
+    prefix: str | None = None  # stacked area of prefix* keys instead of lines
+    exclude: tuple[str, ...] = ()  # keys left out of the stack
+    ylabel: str = ""
+    percent: bool = False  # values are fractions, shown on a 0..1 axis
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    name: str  # file name without .png
+    title: str
+    panels: tuple[Panel, ...]
+
+
+PLOTS: tuple[PlotSpec, ...] = (
+    PlotSpec(
+        "reward",
+        "Reward, correctness and format",
+        (
+            Panel(
+                "per trajectory, mean over the batch",
+                (
+                    ("reward/mean", "reward (mean)"),
+                    ("reward/correct", "correct"),
+                    ("reward/format", "format (boxed answer)"),
+                ),
+            ),
+        ),
+    ),
+    PlotSpec(
+        "tool_use",
+        "Code calls and turns per trajectory",
+        (
+            Panel(
+                "mean per trajectory",
+                (("rollout/code_calls", "code calls"), ("rollout/turns", "assistant turns")),
+            ),
+        ),
+    ),
+    PlotSpec(
+        "tokens",
+        "Trajectory length",
+        (
+            Panel(
+                "mean tokens per trajectory",
+                (("rollout/trajectory_tokens", "trajectory tokens"),),
+                ylabel="tokens",
+            ),
+        ),
+    ),
+    PlotSpec(
+        "stop_reasons",
+        "Why trajectories ended (share of the batch)",
+        (Panel("stop reason share", prefix="stop/", percent=True),),
+    ),
+    PlotSpec(
+        "sandbox",
+        "Sandbox outcomes and latency",
+        (
+            Panel(
+                "share of code calls",
+                (
+                    ("sandbox/success_rate", "success"),
+                    ("sandbox/error_rate", "error"),
+                    ("sandbox/timeout_rate", "timeout"),
+                ),
+                percent=True,
+            ),
+            Panel(
+                "latency per call",
+                (("sandbox/latency_p50_s", "p50"), ("sandbox/latency_p95_s", "p95")),
+                ylabel="seconds",
+            ),
+        ),
+    ),
+    PlotSpec(
+        "optimization",
+        "Loss, clip fraction and gradient norm",
+        (
+            Panel("loss (sum)", (("train/loss:sum", "train/loss:sum"),)),
+            Panel("clip fraction", (("train/clip_fraction", "clip fraction"),)),
+            Panel("gradient norm (before clipping)", (("optim/grad_norm", "grad norm"),)),
+        ),
+    ),
+    PlotSpec(
+        "timing",
+        "Step time by phase and sampling throughput",
+        (
+            Panel("seconds per step", prefix="time/", exclude=("time/step_s",), ylabel="seconds"),
+            Panel(
+                "sampling throughput",
+                (("rollout/tokens_per_s", "sampled tokens/s"),),
+                ylabel="tokens / s",
+            ),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A written PNG, or a plot that was skipped for lack of data."""
+
+    name: str
+    title: str
+    path: Path | None  # None: nothing to draw
+    missing: tuple[str, ...] = ()  # metric keys the run did not record
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return math.nan
+
+
+def _present(metrics: Sequence[dict[str, Any]], key: str) -> bool:
+    return any(not math.isnan(_number(m.get(key))) for m in metrics)
+
+
+def _nonzero(metrics: Sequence[dict[str, Any]], key: str) -> bool:
+    return any(_number(m.get(key)) != 0.0 and _present([m], key) for m in metrics)
+
+
+def _panel_series(
+    panel: Panel, metrics: Sequence[dict[str, Any]]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (key, label) pairs this panel can draw, and the keys it lacks."""
+    if panel.prefix is not None:
+        keys = sorted(
+            {k for m in metrics for k in m if k.startswith(panel.prefix)} - set(panel.exclude)
+        )
+        drawn = [
+            (k, k[len(panel.prefix) :].removesuffix("_s")) for k in keys if _nonzero(metrics, k)
+        ]
+        return drawn, ([] if keys else [f"{panel.prefix}*"])
+    drawn = [(k, label) for k, label in panel.keys if _present(metrics, k)]
+    return drawn, [k for k, _ in panel.keys if not _present(metrics, k)]
+
+
+def _new_figure(rows: int, title: str) -> tuple[Any, Any]:
+    figure_module = require("matplotlib.figure", "report")
+    agg = require("matplotlib.backends.backend_agg", "report")
+    figure = figure_module.Figure(figsize=(8.0, 2.9 * rows + 0.5), dpi=100, layout="constrained")
+    agg.FigureCanvasAgg(figure)
+    figure.suptitle(title, fontsize=12, fontweight="bold")
+    return figure, figure.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
+
+
+def _step_axis(ax: Any, steps: Sequence[float]) -> None:
+    """Whole steps on the x axis, spanning the run even where a panel has one point."""
+    ticker = require("matplotlib.ticker", "report")
+    finite = [s for s in steps if not math.isnan(s)]
+    if finite:
+        low, high = min(finite), max(finite)
+        pad = max((high - low) * 0.03, 0.5)
+        ax.set_xlim(low - pad, high + pad)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+
+
+def plot_metrics(metrics: Sequence[dict[str, Any]], output: Path) -> list[Plot]:
+    """Write one PNG per :data:`PLOTS` entry that has data; returns all, written or not."""
+    steps = [_number(m.get("step")) for m in metrics]
+    plots: list[Plot] = []
+    for spec in PLOTS:
+        panels = []
+        missing: list[str] = []
+        for panel in spec.panels:
+            series, lacks = _panel_series(panel, metrics)
+            missing += lacks
+            if series:
+                panels.append((panel, series))
+        if not panels:
+            plots.append(Plot(spec.name, spec.title, None, tuple(missing)))
+            continue
+        figure, axes = _new_figure(len(panels), spec.title)
+        for ax, (panel, series) in zip(axes, panels, strict=True):
+            values = [[_number(m.get(k)) for m in metrics] for k, _ in series]
+            if panel.prefix is not None:
+                stacked = [[0.0 if math.isnan(v) else v for v in row] for row in values]
+                labels = [label for _, label in series]
+                if len(steps) > 1:
+                    ax.stackplot(steps, stacked, labels=labels, alpha=0.85)
+                else:  # an area needs two steps; one step is a stacked bar
+                    bottom = 0.0
+                    for label, row in zip(labels, stacked, strict=True):
+                        ax.bar(steps, row, bottom=bottom, width=0.6, label=label, alpha=0.85)
+                        bottom += row[0]
+            else:
+                for (_, label), row in zip(series, values, strict=True):
+                    ax.plot(steps, row, marker="o", markersize=3, linewidth=1.5, label=label)
+            if panel.percent:
+                ax.set_ylim(-0.02, 1.02)
+            ax.set_title(panel.title, fontsize=10, loc="left")
+            ax.set_ylabel(panel.ylabel)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        axes[-1].set_xlabel("step")
+        _step_axis(axes[-1], steps)
+        path = output / f"{spec.name}.png"
+        figure.savefig(path)
+        plots.append(Plot(spec.name, spec.title, path, tuple(missing)))
+    return plots
+
+
+def plot_evals(evals: Sequence[EvalResult], output: Path) -> Plot:
+    """Grouped bars of Average@N, Pass@N and format rate per eval file, with 95% CIs."""
+    title = "Evaluation: Average@N, Pass@N and format rate"
+    measures = (
+        ("Average@N", lambda e: (e.average, e.average_ci)),
+        ("Pass@N", lambda e: (e.pass_at_n, e.pass_ci)),
+        ("Format", lambda e: (e.format_rate, e.format_ci)),
+    )
+    if not evals:
+        return Plot("eval", title, None)
+    figure, (ax,) = _new_figure(1, title)
+    figure.set_size_inches(max(8.0, 1.6 * len(evals) + 3), 4.2)
+    width = 0.8 / len(measures)
+    for offset, (name, get) in enumerate(measures):
+        xs, heights, lows, highs = [], [], [], []
+        for index, result in enumerate(evals):
+            value, ci = get(result)
+            if value is None:
+                continue
+            xs.append(index + (offset - (len(measures) - 1) / 2) * width)
+            heights.append(value)
+            lows.append(max(value - ci[0], 0.0) if ci else 0.0)
+            highs.append(max(ci[1] - value, 0.0) if ci else 0.0)
+        if not xs:
+            continue
+        bars = ax.bar(xs, heights, width=width * 0.95, label=name)
+        if any(lows) or any(highs):
+            ax.errorbar(xs, heights, yerr=[lows, highs], fmt="none", ecolor="black", capsize=3)
+        ax.bar_label(bars, labels=[f"{h:.2f}" for h in heights], fontsize=7, padding=2)
+    ax.set_xticks(range(len(evals)), [e.label for e in evals], rotation=15, ha="right")
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("fraction (95% CI where the file has one)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    path = output / "eval.png"
+    figure.savefig(path)
+    return Plot("eval", title, path)

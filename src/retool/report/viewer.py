@@ -1,0 +1,410 @@
+"""The trajectory viewer's data: the run's rollouts, selected, parsed and token-decoded.
+
+The page's JavaScript only *displays*; every decision is made here, in Python,
+where it is tested:
+
+* **Which steps.** A long run has thousands of trajectories per step, and a
+  page must stay a page. The last :data:`RECENT_STEPS` steps with rollouts are
+  embedded, plus every :data:`OLDER_EVERY`-th step before them (and the first),
+  and at most :data:`MAX_QUESTIONS` questions per step. The page says what was
+  left out.
+* **Turns.** Each message becomes a turn: system prompt, question, assistant
+  turns (split into text and code with the run's own tool-call dialect, so the
+  viewer shows exactly the code that ran), and observations (user or tool
+  messages after the first assistant turn, whatever the dialect), each paired
+  with its sandbox record (ok, error kind, latency, truncated, shared).
+* **Tokens.** Trajectory records carry their token chain as segments
+  (``context`` or ``assistant`` runs, each with a ``loss`` flag). The ids are
+  decoded one token at a time with the run's tokenizer, so the page can colour
+  each token by whether it carries loss. A token that decodes to an incomplete
+  UTF-8 character (U+FFFD) is merged with the next ones until the text is
+  whole. Decoded pieces go into one shared table and identical segments (a
+  group's shared prompt) are stored once, which keeps the page small; the total
+  is capped at :data:`TOKEN_BUDGET` tokens (newest steps first), beyond which
+  trajectories show their turns only. Without a tokenizer (not installed, a
+  model directory that is gone) whole messages are coloured by role instead,
+  and the page says why.
+* **SFT runs** write conversations (``{id, messages}``) instead of
+  trajectories: each is shown as one "question" with one member whose
+  assistant messages carry the loss.
+* **Untrusted text.** Model output can contain anything. It is only ever put
+  into the page as JSON data (see :mod:`retool.report.page`) and inserted with
+  ``textContent``; NUL characters are replaced with U+FFFD here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from retool.report.inputs import RunInputs
+from retool.training.run_dir import RunDirectory, read_rollouts
+
+RECENT_STEPS = 50  # the last this many steps with rollouts are embedded
+OLDER_EVERY = 10  # and every this-many-th step before them
+MAX_QUESTIONS = 16  # question groups (or SFT conversations) per step
+TOKEN_BUDGET = 1_000_000  # decoded tokens embedded in the whole page
+MAX_MESSAGE_CHARS = 40_000  # longer message texts are cut in the middle
+EXCLUDED_STOPS = frozenset({"prompt_too_long", "sampler_error", "sandbox_error"})
+
+
+def select_steps(steps: Sequence[int]) -> list[int]:
+    """The last :data:`RECENT_STEPS` steps, every :data:`OLDER_EVERY`-th before, the first."""
+    ordered = sorted(set(steps))
+    recent = ordered[-RECENT_STEPS:]
+    older = ordered[: -RECENT_STEPS or None] if len(ordered) > RECENT_STEPS else []
+    kept = [s for i, s in enumerate(older) if i == 0 or s % OLDER_EVERY == 0]
+    return kept + recent
+
+
+def clean(text: Any) -> str:
+    """A display string: non-strings as JSON, NUL as U+FFFD, very long texts cut."""
+    if not isinstance(text, str):
+        text = "" if text is None else json.dumps(text, ensure_ascii=False)
+    text = text.replace("\x00", "\ufffd")
+    if len(text) > MAX_MESSAGE_CHARS:
+        half = MAX_MESSAGE_CHARS // 2
+        cut = len(text) - 2 * half
+        text = f"{text[:half]}\n[... {cut} characters cut by the report ...]\n{text[-half:]}"
+    return text
+
+
+@functools.lru_cache(maxsize=4)
+def cached_tokenizer(name: str) -> Any:
+    """The run's tokenizer, loaded once per process (loading takes seconds)."""
+    from retool.backends.local import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+class TokenTable:
+    """Decodes segments token by token into shared piece and segment tables."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.pieces: list[str] = []
+        self.segments: list[list[int]] = []
+        self.tokens = 0  # tokens stored (unique segments only)
+        self._piece_index: dict[str, int] = {}
+        self._segment_index: dict[tuple[int, ...], int] = {}
+        self._single: dict[int, str] = {}
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if len(ids) == 1:
+            text = self._single.get(ids[0])
+            if text is None:
+                text = self._single[ids[0]] = self.tokenizer.decode(
+                    [ids[0]], skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+            return text
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def _piece(self, text: str) -> int:
+        text = text.replace("\x00", "\ufffd")
+        index = self._piece_index.get(text)
+        if index is None:
+            index = self._piece_index[text] = len(self.pieces)
+            self.pieces.append(text)
+        return index
+
+    def split(self, ids: Sequence[int]) -> list[str]:
+        """Token texts; up to 4 tokens of one multi-byte character are merged."""
+        out: list[str] = []
+        pending: list[int] = []
+        for token in ids:
+            pending.append(int(token))
+            text = self._decode(pending)
+            if text.endswith("\ufffd") and len(pending) < 4:
+                continue
+            out.append(text)
+            pending = []
+        if pending:
+            out.append(self._decode(pending))
+        return out
+
+    def segment(self, ids: Sequence[int]) -> int:
+        key = tuple(int(i) for i in ids)
+        index = self._segment_index.get(key)
+        if index is None:
+            index = self._segment_index[key] = len(self.segments)
+            self.segments.append([self._piece(text) for text in self.split(key)])
+            self.tokens += len(key)
+        return index
+
+
+@dataclass
+class ViewerData:
+    """What the page embeds for the viewer (serialised by :meth:`to_json`)."""
+
+    kind: str  # rl | sft | none
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    segments: list[list[int]] = field(default_factory=list)
+    token_colouring: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "steps": self.steps,
+            "pieces": self.pieces,
+            "segments": self.segments,
+            "tokenColouring": self.token_colouring,
+            "notes": self.notes,
+        }
+
+
+def _split_assistant(message: dict[str, Any], parse: Callable[[str], Any] | None) -> dict[str, Any]:
+    content = message.get("content")
+    turn: dict[str, Any] = {"kind": "assistant", "text": clean(content)}
+    if isinstance(message.get("code"), str):  # an SFT conversation stores its call apart
+        turn["code"] = clean(message["code"])
+        return turn
+    if parse is not None and isinstance(content, str):
+        try:
+            parsed = parse(content)
+        except Exception:  # a dialect bug must not cost the report
+            return turn
+        if parsed.code is not None:
+            turn["text"], turn["code"] = clean(parsed.content), clean(parsed.code)
+        if parsed.error:
+            turn["parseError"] = clean(parsed.error)
+    return turn
+
+
+def build_turns(
+    record: dict[str, Any], parse: Callable[[str], Any] | None = None
+) -> list[dict[str, Any]]:
+    """The record's messages as turns (system, question, assistant, observation)."""
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        return []
+    observations = [
+        o for o in record.get("observations") or [] if isinstance(o, dict) and o.get("appended", 1)
+    ]
+    parses = record.get("parse") if isinstance(record.get("parse"), list) else []
+    turns: list[dict[str, Any]] = []
+    answered = 0  # assistant turns so far
+    seen = 0  # observations so far
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role", ""))
+        if role == "assistant":
+            turn = _split_assistant(message, parse)
+            if answered < len(parses):
+                turn["parse"] = clean(parses[answered])
+            answered += 1
+        elif role == "system":
+            turn = {"kind": "system", "text": clean(message.get("content"))}
+        elif answered == 0 and role == "user":
+            turn = {"kind": "question", "text": clean(message.get("content"))}
+        else:  # a user or tool message after an assistant turn: the interpreter's output
+            turn = {"kind": "observation", "role": role, "text": clean(message.get("content"))}
+            if seen < len(observations):
+                sandbox = observations[seen]
+                turn["sandbox"] = {
+                    key: sandbox.get(key)
+                    for key in ("ok", "error_kind", "latency_s", "truncated", "shared")
+                    if key in sandbox
+                }
+            seen += 1
+        turns.append(turn)
+    return turns
+
+
+def _number(value: Any) -> float | None:
+    """A finite number, or None (the page's JSON has no NaN)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _integer(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None else None
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _trains(record: dict[str, Any]) -> bool:
+    segments = record.get("segments")
+    if isinstance(segments, list) and segments:
+        return any(isinstance(s, dict) and s.get("loss") for s in segments)
+    advantage = _number(record.get("advantage"))
+    return record.get("stop_reason") not in EXCLUDED_STOPS and bool(advantage)
+
+
+def _member(
+    record: dict[str, Any],
+    parse: Callable[[str], Any] | None,
+    table: TokenTable | None,
+    position: int,
+) -> dict[str, Any]:
+    tokens = record.get("tokens") if isinstance(record.get("tokens"), dict) else {}
+    group = _integer(record.get("group_index"))
+    member: dict[str, Any] = {
+        "g": position if group is None else group,
+        "reward": _number(record.get("reward")),
+        "advantage": _number(record.get("advantage")),
+        "correct": _flag(record.get("correct")),
+        "format": _flag(record.get("valid_format")),
+        "stop": clean(record.get("stop_reason")),
+        "turnsCount": _integer(record.get("turns")),
+        "codeCalls": _integer(record.get("code_calls")),
+        "answer": clean(record.get("answer")) if record.get("answer") is not None else None,
+        "tokens": {k: _number(v) for k, v in tokens.items() if _number(v) is not None},
+        "error": clean(record.get("error")) if record.get("error") else None,
+        "trains": _trains(record),
+        "turns": build_turns(record, parse),
+        "segs": None,
+    }
+    segments = record.get("segments")
+    if table is not None and isinstance(segments, list):
+        segs = []
+        for segment in segments:
+            if not isinstance(segment, dict) or not isinstance(segment.get("tokens"), list):
+                continue
+            role = "assistant" if segment.get("role") == "assistant" else "context"
+            segs.append([role, bool(segment.get("loss")), table.segment(segment["tokens"])])
+        member["segs"] = segs
+    return member
+
+
+def _sft_question(record: dict[str, Any], index: int) -> dict[str, Any]:
+    turns = build_turns(record)
+    question = next((t["text"] for t in turns if t["kind"] == "question"), "")
+    member = {"g": 0, "sft": True, "trains": True, "turns": turns, "segs": None}
+    return {
+        "slot": index,
+        "id": clean(record.get("id", f"#{index}")),
+        "question": question,
+        "reference": None,
+        "members": [member],
+    }
+
+
+def _load_dialect_parser(name: str | None) -> Callable[[str], Any] | None:
+    try:
+        from retool.protocol import get_protocol
+
+        return get_protocol(name or "markdown").parse
+    except Exception:
+        return None
+
+
+def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
+    """Select, parse and decode the rollouts of ``run`` (see the module docstring).
+
+    ``tokenizer`` overrides loading the run's own (``model.base_model``); pass
+    ``False`` to colour by role without trying.
+    """
+    data = ViewerData(kind="none")
+    if not run.rollout_steps:
+        data.notes.append("this run has no rollouts/step_*.jsonl.gz files yet")
+        return data
+    chosen = select_steps(run.rollout_steps)
+    if len(chosen) < len(run.rollout_steps):
+        data.notes.append(
+            f"{len(chosen)} of {len(run.rollout_steps)} steps are embedded: the last "
+            f"{RECENT_STEPS}, and the first and every {OLDER_EVERY}th step before them"
+        )
+    directory = RunDirectory(run.path)
+    parse = _load_dialect_parser(run.protocol)
+    table: TokenTable | None = None
+    why_not = ""
+    budget_hit = 0
+    by_step: dict[int, dict[str, Any]] = {}
+    for step in reversed(chosen):  # newest first: they get the token budget
+        try:
+            records = [
+                r for r in read_rollouts(directory.rollouts_path(step)) if isinstance(r, dict)
+            ]
+        except (OSError, EOFError, ValueError) as exc:
+            data.notes.append(f"step {step}: rollouts file unreadable ({exc}); left out")
+            continue
+        rl = [r for r in records if "group_index" in r or "segments" in r]
+        if not rl:  # an SFT step: conversations
+            data.kind = "sft" if data.kind == "none" else data.kind
+            questions = [_sft_question(r, i) for i, r in enumerate(records[:MAX_QUESTIONS])]
+            by_step[step] = {
+                "step": step,
+                "questions": questions,
+                "omitted": max(len(records) - MAX_QUESTIONS, 0),
+            }
+            continue
+        data.kind = "rl"
+        if table is None and not why_not:
+            table, why_not = _token_table(run, tokenizer)
+        groups: dict[int, list[dict[str, Any]]] = {}
+        for record in rl:
+            slot = record.get("question_index")
+            groups.setdefault(slot if isinstance(slot, int) else -1, []).append(record)
+        questions = []
+        for slot in sorted(groups)[:MAX_QUESTIONS]:
+            members = sorted(groups[slot], key=lambda r: _integer(r.get("group_index")) or 0)
+            first = members[0]
+            decoded = table if table is not None and table.tokens < TOKEN_BUDGET else None
+            if table is not None and decoded is None:
+                budget_hit += len(members)
+            questions.append(
+                {
+                    "slot": slot,
+                    "id": clean(first.get("example_id")),
+                    "question": clean(first.get("question")),
+                    "reference": clean(first.get("reference")),
+                    "members": [
+                        _member(r, parse, decoded, position) for position, r in enumerate(members)
+                    ],
+                }
+            )
+        by_step[step] = {
+            "step": step,
+            "questions": questions,
+            "omitted": max(len(groups) - MAX_QUESTIONS, 0),
+        }
+    data.steps = [by_step[s] for s in sorted(by_step)]
+    if any(s["omitted"] for s in data.steps):
+        data.notes.append(f"at most {MAX_QUESTIONS} questions per step are embedded")
+    if data.kind == "sft":
+        data.notes.append(
+            "SFT run: conversations as trained; every assistant message carries the loss, "
+            "prompts and observations do not (coloured by role)"
+        )
+    elif table is not None:
+        data.pieces, data.segments, data.token_colouring = table.pieces, table.segments, True
+        if budget_hit:
+            data.notes.append(
+                f"token colouring stops after {TOKEN_BUDGET:,} tokens: {budget_hit} "
+                "trajectories of older steps show their turns only"
+            )
+    elif why_not:
+        data.notes.append(
+            f"token colouring unavailable: {why_not}; whole messages are "
+            "coloured by role instead (assistant messages of trajectories "
+            "that train carry the loss)"
+        )
+    return data
+
+
+def _token_table(run: RunInputs, tokenizer: Any) -> tuple[TokenTable | None, str]:
+    if tokenizer is False:
+        return None, "the tokenizer was not loaded (turned off)"
+    if tokenizer is None:
+        name = run.base_model
+        if name is None:
+            return None, "config.toml names no model.base_model"
+        try:
+            tokenizer = cached_tokenizer(name)
+        except Exception as exc:  # missing extra, gone directory, no network: all the same here
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return None, f"the tokenizer of {name!r} could not be loaded ({first})"
+    return TokenTable(tokenizer), ""

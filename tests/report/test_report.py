@@ -1,0 +1,249 @@
+"""``write_report``: plots, a self-contained page, the viewer data, escaping, odd runs."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from retool.report import ReportError, load_eval_file, write_report
+from retool.report.viewer import (
+    OLDER_EVERY,
+    RECENT_STEPS,
+    TokenTable,
+    build_turns,
+    select_steps,
+)
+from retool.training.run_dir import read_rollouts
+from tests.report.conftest import EVIL, EVIL_QUESTION
+
+RUN_PLOTS = ("reward", "tool_use", "tokens", "stop_reasons", "sandbox", "optimization", "timing")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def viewer_data(page: str) -> dict:
+    match = re.search(r'<script type="application/json" id=viewer-data>(.*?)</script>', page, re.S)
+    assert match, "no viewer data block"
+    return json.loads(match.group(1))
+
+
+def decoded(data: dict, member: dict, role: str) -> str:
+    return "".join(
+        data["pieces"][p] for r, _, s in member["segs"] if r == role for p in data["segments"][s]
+    )
+
+
+@pytest.fixture(scope="module")
+def real_report(real_run, tmp_path_factory) -> Path:
+    return write_report(real_run, output=tmp_path_factory.mktemp("out") / "report")
+
+
+def test_a_real_run_gets_every_plot_and_a_self_contained_page(real_run, real_report):
+    assert real_report.name == "report.html"
+    for name in RUN_PLOTS:
+        png = real_report.parent / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC, name
+    assert not (real_report.parent / "eval.png").exists()  # no eval files given
+    page = real_report.read_text(encoding="utf-8")
+    # Offline: nothing is fetched (no external src/href, stylesheet, import or font).
+    assert not re.search(r"""(src|href|action)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert "<link" not in page and "@import" not in page and "url(" not in page
+    assert page.count("data:image/png;base64,") == len(RUN_PLOTS)
+    config = (real_run / "config.toml").read_text()
+    assert html.escape(config) in page and "tiny-random" in config
+    assert "retool report: run" in page
+
+
+def test_the_viewer_data_holds_every_trajectory_with_its_decoded_tokens(real_run, real_report):
+    data = viewer_data(real_report.read_text(encoding="utf-8"))
+    assert data["kind"] == "rl" and data["tokenColouring"]
+    assert [s["step"] for s in data["steps"]] == [1, 2]
+    records = list(read_rollouts(real_run / "rollouts" / "step_000002.jsonl.gz"))
+    step = data["steps"][1]
+    assert sum(len(q["members"]) for q in step["questions"]) == len(records) == 6
+    for record in records:
+        question = next(q for q in step["questions"] if q["slot"] == record["question_index"])
+        member = next(m for m in question["members"] if m["g"] == record["group_index"])
+        assert question["id"] == record["example_id"]
+        assert member["reward"] == record["reward"] and member["stop"] == record["stop_reason"]
+        assistant = [t for t in member["turns"] if t["kind"] == "assistant"]
+        assert assistant[-1]["text"] == record["final_text"]
+        # The sampled tokens, decoded one by one, give back the assistant text.
+        assert decoded(data, member, "assistant") == record["final_text"]
+        ids = sum(len(s["tokens"]) for s in record["segments"])
+        pieces = sum(len(data["segments"][s]) for _, _, s in member["segs"])
+        assert pieces == ids  # one piece per token (tiny-random output is ASCII-ish)
+        loss = [flag for role, flag, _ in member["segs"] if role == "assistant"]
+        assert all(loss) == (record["advantage"] != 0) == member["trains"]
+    # A group's shared prompt is stored once.
+    first = [m["segs"][0][2] for m in step["questions"][0]["members"]]
+    assert len(set(first)) == 1
+
+
+def test_hostile_trajectory_text_is_escaped_everywhere(crafted_run, tmp_path):
+    page = write_report(crafted_run, output=tmp_path).read_text(encoding="utf-8")
+    assert page.count("<script") == 2 and page.count("</script>") == 2  # only our own
+    assert "alert(" not in page.split("id=viewer-data>")[0]  # only inside the JSON data
+    assert "<img src=x" not in page and "<b>" not in page and "<!--" not in page
+    assert "\x00" not in page
+    data = viewer_data(page)
+    question = data["steps"][0]["questions"][0]
+    assert question["question"] == EVIL_QUESTION
+    evil = question["members"][1]
+    text = next(t["text"] for t in evil["turns"] if t["kind"] == "assistant")
+    assert text == EVIL.replace("\x00", "\ufffd")
+    assert decoded(data, evil, "assistant") == text
+
+
+def test_turns_split_code_and_pair_observations_with_their_sandbox_record(crafted_run):
+    record = next(read_rollouts(crafted_run / "rollouts" / "step_000001.jsonl.gz"))
+    from retool.protocol import get_protocol
+
+    turns = build_turns(record, get_protocol("markdown").parse)
+    assert [t["kind"] for t in turns] == [
+        "system",
+        "question",
+        "assistant",
+        "observation",
+        "assistant",
+    ]
+    call = turns[2]
+    assert call["text"] == "Let me compute it." and call["code"] == "print(6 * 7)"
+    assert call["parse"] == "tool"
+    assert turns[3]["text"] == "```output\n42\n```" and turns[3]["sandbox"]["ok"] is True
+    assert turns[4]["parse"] == "answer" and "code" not in turns[4]
+
+
+def test_missing_metrics_skip_plots_and_say_so(crafted_run, tmp_path):
+    page = write_report(crafted_run, output=tmp_path).read_text(encoding="utf-8")
+    written = {p.stem for p in tmp_path.glob("*.png")}
+    assert written == {"reward", "optimization", "timing"}  # what the metrics allow
+    assert "Not drawn, because this run did not record their metrics" in page
+    assert "sandbox/success_rate" in page  # listed as missing
+    assert "not recorded: train/clip_fraction" in page  # a partial plot says what it lacks
+    data = viewer_data(page)
+    no_loss = data["steps"][0]["questions"][1]["members"]
+    assert not any(m["trains"] for m in no_loss)
+    failed = next(t for t in no_loss[0]["turns"] if t["kind"] == "observation")
+    assert failed["sandbox"] == {
+        "ok": False,
+        "error_kind": "timeout",
+        "latency_s": 0.25,
+        "truncated": False,
+        "shared": False,
+    }
+
+
+def test_an_sft_run_shows_conversations_and_its_loss(sft_run):
+    page = write_report(sft_run).read_text(encoding="utf-8")  # default: RUN_DIR/report
+    out = sft_run / "report"
+    assert {p.stem for p in out.glob("*.png")} == {"optimization", "timing"}
+    data = viewer_data(page)
+    assert data["kind"] == "sft" and not data["tokenColouring"]
+    (member,) = data["steps"][0]["questions"][0]["members"]
+    assert member["sft"] and member["trains"]
+    kinds = [t["kind"] for t in member["turns"]]
+    assert kinds == ["question", "assistant", "observation", "assistant"]
+    assert member["turns"][1]["code"] == "print(123 * 456)"
+    assert any("SFT run" in note for note in data["notes"])
+
+
+def test_a_run_without_steps_and_an_unloadable_tokenizer(crafted_run, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.toml").write_text('[model]\nbase_model = "tiny-random"\n')
+    page = write_report(empty).read_text(encoding="utf-8")
+    assert "No step has completed yet" in page and not list((empty / "report").glob("*.png"))
+    assert viewer_data(page)["steps"] == []
+    # A model directory that is gone: whole messages coloured by role, and the page says why.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    (moved / "rollouts").mkdir()
+    config = (crafted_run / "config.toml").read_text()
+    (moved / "config.toml").write_text(config.replace('"tiny-random"', '"/nonexistent/model"'))
+    for file in (crafted_run / "rollouts").iterdir():
+        (moved / "rollouts" / file.name).write_bytes(file.read_bytes())
+    data = viewer_data(write_report(moved).read_text(encoding="utf-8"))
+    assert not data["tokenColouring"] and data["pieces"] == []
+    assert all(m["segs"] is None for q in data["steps"][0]["questions"] for m in q["members"])
+    assert any(
+        "token colouring unavailable" in n and "/nonexistent/model" in n for n in data["notes"]
+    )
+
+
+def write_eval(path: Path, rows: list[tuple[str, bool]], summary: dict | None, model="m") -> Path:
+    lines = [{"settings": {"model": model, "val_n": 2}}]
+    for index, (problem, correct) in enumerate(rows):
+        lines.append(
+            {
+                "problem_id": problem,
+                "sample_index": index % 2,
+                "correct": correct,
+                "format": True,
+                "turns": 2,
+                "code_calls": 1,
+                "tokens": 100,
+                "stop_reason": "answer",
+            }
+        )
+    if summary is not None:
+        lines.append({"summary": summary})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+ROWS = [("p1", True), ("p1", False), ("p2", False), ("p2", False)]
+
+
+def test_eval_files_give_a_table_and_a_chart_with_intervals(crafted_run, tmp_path):
+    summary = {
+        "average_at_n": 0.25,
+        "average_at_n_ci": [0.0, 0.5],
+        "pass_at_n": 0.5,
+        "format_rate": 1.0,
+        "n": 2,
+    }
+    base = write_eval(tmp_path / "base.jsonl", ROWS, summary, model="tiny-random")
+    running = write_eval(tmp_path / "step100.jsonl", ROWS, None)  # no summary yet
+    result = load_eval_file(running)
+    assert not result.complete and result.average == 0.25 and result.pass_at_n == 0.5
+    assert result.average_ci is None and result.n == 2 and result.problems == 2
+    page = write_report(crafted_run, [base, running], tmp_path / "out").read_text()
+    assert (tmp_path / "out" / "eval.png").read_bytes()[:8] == PNG_MAGIC
+    assert "0.250 <span class=muted>[0.000, 0.500]</span>" in page
+    assert "no summary line" in page and "tiny-random" in page
+
+
+def test_step_selection_keeps_recent_steps_and_a_sample_of_older_ones():
+    steps = list(range(1, 201))
+    kept = select_steps(steps)
+    assert kept[-RECENT_STEPS:] == steps[-RECENT_STEPS:]
+    assert kept[:-RECENT_STEPS] == [1, *range(OLDER_EVERY, 151, OLDER_EVERY)]
+    assert select_steps([3, 1, 2]) == [1, 2, 3]
+
+
+def test_multibyte_characters_split_across_tokens_are_merged(tokenizer):
+    ids = tokenizer.encode("数学 ok")
+    table = TokenTable(tokenizer)
+    pieces = table.split(ids)
+    assert "".join(pieces) == "数学 ok" and "\ufffd" not in "".join(pieces)
+    assert len(pieces) < len(ids)  # 学 takes two tokens here
+
+
+def test_bad_inputs_are_one_line_errors(crafted_run, tmp_path):
+    not_eval = tmp_path / "notes.jsonl"
+    not_eval.write_text('{"hello": 1}\n')
+    cases = [
+        (lambda: write_report(tmp_path / "missing"), "no such directory"),
+        (lambda: write_report(tmp_path), "is not a run directory"),
+        (lambda: write_report(crafted_run, [tmp_path / "gone.jsonl"]), "no such file"),
+        (lambda: write_report(crafted_run, [not_eval]), "not a `retool eval` result file"),
+        (lambda: write_report(crafted_run, output=not_eval), "is a file"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ReportError, match=re.escape(message)) as caught:
+            call()
+        assert "\n" not in str(caught.value)
