@@ -178,3 +178,21 @@ def test_basic_level_kills_setsid_daemons_too():
         result = sb.run(daemon_code(marker, "print('parent done')"))
         assert result.ok and result.stdout == "parent done\n"
         assert gone(marker)
+
+
+def test_a_trainer_holding_many_descriptors_still_reuses_connections():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip("cannot open more than 1024 descriptors here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        with LocalSandbox(max_workers=1, timeout=10) as sb:
+            assert [sb.run(f"print({i})").stdout for i in range(3)] == ["0\n", "1\n", "2\n"]
+            assert sb.connections_opened == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -85,6 +85,13 @@ def _install_runtime(workdir: str) -> str:
     return ":".join([runtime, *dict.fromkeys(sites)])
 
 
+def _readable(conn: socket.socket) -> bool:
+    """Whether ``conn`` has data or EOF waiting (poll: a trainer may hold > 1024 fds)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLHUP)
+    return bool(poller.poll(0))
+
+
 def _kill_cgroup(directory: str, within: float) -> None:
     """Kill every process left in a v2 cgroup and wait until it is empty."""
     deadline = time.monotonic() + within
@@ -301,7 +308,7 @@ class LocalSandbox:
             except queue.Empty:
                 break
             # A handler never speaks first: a readable idle connection is a dead one.
-            if generation == self._generation and not select.select([conn], [], [], 0)[0]:
+            if generation == self._generation and not _readable(conn):
                 return generation, conn
             conn.close()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
