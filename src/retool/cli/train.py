@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from retool.cli.common import add_run_options, print_run
+from retool.cli.common import add_config_options, add_run_options, print_run
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -15,6 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "with PPO on group-centred advantages; one optimizer step per training step. "
         "The run directory is resumable after a crash or kill (--resume).",
     )
+    add_config_options(parser)
     add_run_options(parser)
     parser.set_defaults(handler=run)
 
