@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retool.report import ReportError, load_eval_file, write_report
+from retool.report import ReportError, load_eval_file, load_run, write_report
 from retool.report.viewer import (
     OLDER_EVERY,
     RECENT_STEPS,
@@ -78,9 +78,12 @@ def test_the_viewer_data_holds_every_trajectory_with_its_decoded_tokens(real_run
         assert pieces == ids  # one piece per token (tiny-random output is ASCII-ish)
         loss = [flag for role, flag, _ in member["segs"] if role == "assistant"]
         assert all(loss) == (record["advantage"] != 0) == member["trains"]
-    # A group's shared prompt is stored once.
+    # A group's shared prompt is stored once, and so are its system prompt and question.
     first = [m["segs"][0][2] for m in step["questions"][0]["members"]]
     assert len(set(first)) == 1
+    for question in step["questions"]:
+        assert [t["kind"] for t in question["context"]] == ["system", "question"]
+        assert all(m["turns"][0]["kind"] == "assistant" for m in question["members"])
 
 
 def test_hostile_trajectory_text_is_escaped_everywhere(crafted_run, tmp_path):
@@ -145,9 +148,11 @@ def test_an_sft_run_shows_conversations_and_its_loss(sft_run):
     assert data["kind"] == "sft" and not data["tokenColouring"]
     (member,) = data["steps"][0]["questions"][0]["members"]
     assert member["sft"] and member["trains"]
+    question = data["steps"][0]["questions"][0]
+    assert [t["kind"] for t in question["context"]] == ["question"]
     kinds = [t["kind"] for t in member["turns"]]
-    assert kinds == ["question", "assistant", "observation", "assistant"]
-    assert member["turns"][1]["code"] == "print(123 * 456)"
+    assert kinds == ["assistant", "observation", "assistant"]
+    assert member["turns"][0]["code"] == "print(123 * 456)"
     assert any("SFT run" in note for note in data["notes"])
 
 
@@ -214,7 +219,30 @@ def test_eval_files_give_a_table_and_a_chart_with_intervals(crafted_run, tmp_pat
     page = write_report(crafted_run, [base, running], tmp_path / "out").read_text()
     assert (tmp_path / "out" / "eval.png").read_bytes()[:8] == PNG_MAGIC
     assert "0.250 <span class=muted>[0.000, 0.500]</span>" in page
-    assert "no summary line" in page and "tiny-random" in page
+    assert "no summary yet" in page and "tiny-random" in page
+
+
+def test_files_written_like_retool_eval_are_read(tmp_path):
+    synthetic = pytest.importorskip("tests.evaluation.synthetic")  # retool eval's own rows
+    summary = pytest.importorskip("retool.evaluation.summary")
+    correct = {"p1": 2, "p2": 0, "p3": 1}
+    path = synthetic.write_results(tmp_path / "ckpt.jsonl", correct, n=2, summary=False)
+    running = load_eval_file(path)  # no summary line yet: recomputed with its summarize
+    assert not running.complete and running.model == "ckpt"
+    assert running.average == 0.5 and running.pass_at_n == pytest.approx(2 / 3)
+    assert running.average_ci is not None and running.n == 2 and running.problems == 3
+    rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    line = {"summary": summary.summarize(rows, 2).to_dict()}
+    path.write_text(path.read_text() + json.dumps(line) + "\n")
+    done = load_eval_file(path)
+    assert done.complete and done.samples == 6
+    assert (done.average, done.average_ci, done.pass_at_n, done.pass_ci, done.n) == (
+        running.average,
+        running.average_ci,
+        running.pass_at_n,
+        running.pass_ci,
+        2,
+    )
 
 
 def test_step_selection_keeps_recent_steps_and_a_sample_of_older_ones():
@@ -223,6 +251,20 @@ def test_step_selection_keeps_recent_steps_and_a_sample_of_older_ones():
     assert kept[-RECENT_STEPS:] == steps[-RECENT_STEPS:]
     assert kept[:-RECENT_STEPS] == [1, *range(OLDER_EVERY, 151, OLDER_EVERY)]
     assert select_steps([3, 1, 2]) == [1, 2, 3]
+
+
+def test_page_budgets_drop_older_steps_and_token_views_and_say_so(crafted_run, monkeypatch):
+    from retool.report import viewer
+
+    monkeypatch.setattr(viewer, "TEXT_BUDGET", 1)  # any step is over: only the newest is kept
+    monkeypatch.setattr(viewer, "TOKEN_BUDGET", 1)  # the first group decodes, then no more
+    data = viewer.build_viewer(load_run(crafted_run)).to_json()
+    assert [s["step"] for s in data["steps"]] == [2]
+    assert any("1 older steps (up to step 1) are left out" in n for n in data["notes"])
+    (question,) = data["steps"][0]["questions"]
+    assert all(m["segs"] for m in question["members"])
+    data = viewer.build_viewer(load_run(crafted_run), tokenizer=False).to_json()
+    assert not data["tokenColouring"] and any("turned off" in n for n in data["notes"])
 
 
 def test_multibyte_characters_split_across_tokens_are_merged(tokenizer):

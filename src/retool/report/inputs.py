@@ -15,11 +15,12 @@ names only, each looked up defensively (a missing key is shown as "-")::
     {"summary": {"average_at_n": ..., "average_at_n_ci": [low, high],
                  "pass_at_n": ..., "format_rate": ..., "n": ...}}        last line
 
-Rates are fractions in [0, 1]. A file with a settings line and sample rows but
-no summary line (an evaluation still running, or killed) is accepted: Average@N,
-Pass@N and the format rate are computed from its rows, without a confidence
-interval, and the page says so. A file with neither a settings nor a summary
-line is not an eval file.
+Rates are fractions in [0, 1]; ``pass_at_n_ci`` and ``format_rate_ci`` are
+shown when present. A file with a settings line and sample rows but no usable
+summary (an evaluation still running, or killed) is accepted: its summary is
+recomputed from the rows (with ``retool.evaluation``'s ``summarize`` when
+available, else plainly and without intervals), and the page says so. A file
+with neither a settings nor a summary line is not an eval file.
 """
 
 from __future__ import annotations
@@ -179,9 +180,10 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         raise _not_eval(file, "no settings or summary line")
     model = (settings or {}).get("model")
     model = str(model) if model is not None else None
-    complete = summary is not None
-    if summary is None:
-        summary = _summary_from_rows(rows)
+    complete = summary is not None and _is_number(summary.get("average_at_n"))
+    if not complete and rows:
+        summary = _summary_from_rows(rows, (settings or {}).get("n"))
+    summary = summary or {}
     if not rows and summary.get("n") is None:
         raise _not_eval(file, "no samples and no summary")
     n = summary.get("n")
@@ -206,8 +208,25 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
     )
 
 
-def _summary_from_rows(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Average@N, Pass@N and format rate of the rows of an unfinished file (no CIs)."""
+def _summary_from_rows(rows: Sequence[dict[str, Any]], n: Any) -> dict[str, Any]:
+    """The summary of an unfinished file, recomputed from its rows.
+
+    ``retool eval``'s own ``summarize`` (problems with all ``n`` samples, with
+    bootstrap intervals) when it is importable and accepts the rows; otherwise
+    a plain computation over every row, without intervals.
+    """
+    if _is_number(n) and n >= 1:
+        try:
+            from retool.evaluation.summary import summarize
+
+            return dict(summarize(rows, int(n)).to_dict())
+        except Exception:  # another version's format: fall back to the plain numbers
+            pass
+    return _plain_summary(rows)
+
+
+def _plain_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Average@N, Pass@N and format rate over every row (no intervals)."""
     by_problem: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_problem[str(row.get("problem_id"))].append(row)

@@ -145,7 +145,9 @@ def _eval_html(evals: Sequence[EvalResult], plot: Plot | None) -> str:
     rows = []
     for e in evals:
         status = (
-            "" if e.complete else " <span class=warn>(no summary line: from rows, no CI)</span>"
+            ""
+            if e.complete
+            else " <span class=warn>(no summary yet: recomputed from its rows)</span>"
         )
         rows.append(
             f"<tr><th scope=row>{esc(e.label)}{status}</th><td>{esc(e.model or '-')}</td>"
@@ -458,7 +460,11 @@ JS = r"""
     var dot = " \u00b7 ";
     var title = "step " + step.step + dot + "question " + question.slot + dot + question.id;
     box.appendChild(el("h3", null, title));
-    box.appendChild(el("pre", "text", question.question));
+    if (question.context && question.context.length) {  // the turns every member shares
+      question.context.forEach(function (turn) { box.appendChild(renderTurn(turn, null, null)); });
+    } else {
+      box.appendChild(el("pre", "text", question.question));
+    }
     if (question.reference !== null && question.reference !== undefined) {
       box.appendChild(el("div", "muted", "reference answer: " + question.reference));
     }

@@ -252,26 +252,29 @@ def plot_evals(evals: Sequence[EvalResult], output: Path) -> Plot:
     figure.set_size_inches(max(8.0, 1.6 * len(evals) + 3), 4.2)
     width = 0.8 / len(measures)
     for offset, (name, get) in enumerate(measures):
-        xs, heights, lows, highs = [], [], [], []
+        xs, heights, with_ci = [], [], []
         for index, result in enumerate(evals):
             value, ci = get(result)
             if value is None:
                 continue
-            xs.append(index + (offset - (len(measures) - 1) / 2) * width)
+            x = index + (offset - (len(measures) - 1) / 2) * width
+            xs.append(x)
             heights.append(value)
-            lows.append(max(value - ci[0], 0.0) if ci else 0.0)
-            highs.append(max(ci[1] - value, 0.0) if ci else 0.0)
+            if ci is not None:
+                with_ci.append((x, value, max(value - ci[0], 0.0), max(ci[1] - value, 0.0)))
         if not xs:
             continue
         bars = ax.bar(xs, heights, width=width * 0.95, label=name)
-        if any(lows) or any(highs):
-            ax.errorbar(xs, heights, yerr=[lows, highs], fmt="none", ecolor="black", capsize=3)
-        ax.bar_label(bars, labels=[f"{h:.2f}" for h in heights], fontsize=7, padding=2)
+        ax.bar_label(bars, labels=[f"{h:.2f}" for h in heights], fontsize=7, label_type="center")
+        if with_ci:
+            cx, cy, low, high = zip(*with_ci, strict=True)
+            ax.errorbar(cx, cy, yerr=[low, high], fmt="none", ecolor="black", capsize=3)
     ax.set_xticks(range(len(evals)), [e.label for e in evals], rotation=15, ha="right")
-    ax.set_ylim(0, 1.1)
-    ax.set_ylabel("fraction (95% CI where the file has one)")
+    ax.set_ylim(0, 1.2)
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.set_ylabel("fraction (bars: 95% CI where the file has one)")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    ax.legend(fontsize=8, loc="upper center", ncol=len(measures), frameon=False)
     path = output / "eval.png"
     figure.savefig(path)
     return Plot("eval", title, path)

@@ -21,9 +21,11 @@ where it is tested:
   whole. Decoded pieces go into one shared table and identical segments (a
   group's shared prompt) are stored once, which keeps the page small; the total
   is capped at :data:`TOKEN_BUDGET` tokens (newest steps first), beyond which
-  trajectories show their turns only. Without a tokenizer (not installed, a
-  model directory that is gone) whole messages are coloured by role instead,
-  and the page says why.
+  trajectories show their turns only. Older steps are dropped once the turn
+  texts pass :data:`TEXT_BUDGET` characters. The system prompt and question,
+  the same for every member of a group, are stored once per question. Without
+  a tokenizer (not installed, a model directory that is gone) whole messages
+  are coloured by role instead, and the page says why.
 * **SFT runs** write conversations (``{id, messages}``) instead of
   trajectories: each is shown as one "question" with one member whose
   assistant messages carry the loss.
@@ -48,6 +50,7 @@ RECENT_STEPS = 50  # the last this many steps with rollouts are embedded
 OLDER_EVERY = 10  # and every this-many-th step before them
 MAX_QUESTIONS = 16  # question groups (or SFT conversations) per step
 TOKEN_BUDGET = 1_000_000  # decoded tokens embedded in the whole page
+TEXT_BUDGET = 20_000_000  # characters of viewer data (turn texts) in the whole page
 MAX_MESSAGE_CHARS = 40_000  # longer message texts are cut in the middle
 EXCLUDED_STOPS = frozenset({"prompt_too_long", "sampler_error", "sandbox_error"})
 
@@ -301,6 +304,75 @@ def _load_dialect_parser(name: str | None) -> Callable[[str], Any] | None:
         return None
 
 
+@dataclass
+class _Tokens:
+    """The page's token table, loaded on the first RL step (or the reason it is not)."""
+
+    requested: Any  # write_report's tokenizer argument
+    table: TokenTable | None = None
+    why_not: str = ""
+    loaded: bool = False
+    over_budget: int = 0  # trajectories shown without tokens (budget spent)
+
+    def for_next_group(self, run: RunInputs, size: int) -> TokenTable | None:
+        if not self.loaded:
+            self.table, self.why_not = _token_table(run, self.requested)
+            self.loaded = True
+        if self.table is not None and self.table.tokens >= TOKEN_BUDGET:
+            self.over_budget += size
+            return None
+        return self.table
+
+
+def _hoist(question: dict[str, Any]) -> dict[str, Any]:
+    """Move the system prompt and question turns shared by every member up to the question."""
+    members = question["members"]
+    context: list[dict[str, Any]] = []
+    while members and all(m["turns"] for m in members):
+        head = members[0]["turns"][0]
+        if head["kind"] not in ("system", "question"):
+            break
+        if any(m["turns"][0] != head for m in members[1:]):
+            break
+        context.append(head)
+        for m in members:
+            m["turns"] = m["turns"][1:]
+    question["context"] = context
+    return question
+
+
+def _rl_step(
+    step: int,
+    records: list[dict[str, Any]],
+    run: RunInputs,
+    parse: Callable[[str], Any] | None,
+    tokens: _Tokens,
+) -> dict[str, Any]:
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        slot = _integer(record.get("question_index"))
+        groups.setdefault(-1 if slot is None else slot, []).append(record)
+    questions = []
+    for slot in sorted(groups)[:MAX_QUESTIONS]:
+        members = sorted(groups[slot], key=lambda r: _integer(r.get("group_index")) or 0)
+        first = members[0]
+        table = tokens.for_next_group(run, len(members))
+        question = {
+            "slot": slot,
+            "id": clean(first.get("example_id")),
+            "question": clean(first.get("question")),
+            "reference": clean(first.get("reference")),
+            "members": [_member(r, parse, table, i) for i, r in enumerate(members)],
+        }
+        questions.append(_hoist(question))
+    return {"step": step, "questions": questions, "omitted": max(len(groups) - MAX_QUESTIONS, 0)}
+
+
+def _sft_step(step: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    questions = [_hoist(_sft_question(r, i)) for i, r in enumerate(records[:MAX_QUESTIONS])]
+    return {"step": step, "questions": questions, "omitted": max(len(records) - MAX_QUESTIONS, 0)}
+
+
 def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
     """Select, parse and decode the rollouts of ``run`` (see the module docstring).
 
@@ -319,11 +391,10 @@ def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
         )
     directory = RunDirectory(run.path)
     parse = _load_dialect_parser(run.protocol)
-    table: TokenTable | None = None
-    why_not = ""
-    budget_hit = 0
+    tokens = _Tokens(tokenizer)
     by_step: dict[int, dict[str, Any]] = {}
-    for step in reversed(chosen):  # newest first: they get the token budget
+    text_size = 0
+    for step in reversed(chosen):  # newest first: they get the token and text budgets
         try:
             records = [
                 r for r in read_rollouts(directory.rollouts_path(step)) if isinstance(r, dict)
@@ -332,45 +403,22 @@ def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
             data.notes.append(f"step {step}: rollouts file unreadable ({exc}); left out")
             continue
         rl = [r for r in records if "group_index" in r or "segments" in r]
-        if not rl:  # an SFT step: conversations
+        if rl:
+            data.kind = "rl"
+            shown = _rl_step(step, rl, run, parse, tokens)
+        else:  # an SFT step: conversations
             data.kind = "sft" if data.kind == "none" else data.kind
-            questions = [_sft_question(r, i) for i, r in enumerate(records[:MAX_QUESTIONS])]
-            by_step[step] = {
-                "step": step,
-                "questions": questions,
-                "omitted": max(len(records) - MAX_QUESTIONS, 0),
-            }
-            continue
-        data.kind = "rl"
-        if table is None and not why_not:
-            table, why_not = _token_table(run, tokenizer)
-        groups: dict[int, list[dict[str, Any]]] = {}
-        for record in rl:
-            slot = record.get("question_index")
-            groups.setdefault(slot if isinstance(slot, int) else -1, []).append(record)
-        questions = []
-        for slot in sorted(groups)[:MAX_QUESTIONS]:
-            members = sorted(groups[slot], key=lambda r: _integer(r.get("group_index")) or 0)
-            first = members[0]
-            decoded = table if table is not None and table.tokens < TOKEN_BUDGET else None
-            if table is not None and decoded is None:
-                budget_hit += len(members)
-            questions.append(
-                {
-                    "slot": slot,
-                    "id": clean(first.get("example_id")),
-                    "question": clean(first.get("question")),
-                    "reference": clean(first.get("reference")),
-                    "members": [
-                        _member(r, parse, decoded, position) for position, r in enumerate(members)
-                    ],
-                }
+            shown = _sft_step(step, records)
+        size = len(json.dumps(shown))
+        if by_step and text_size + size > TEXT_BUDGET:
+            older = [s for s in chosen if s <= step]
+            data.notes.append(
+                f"{len(older)} older steps (up to step {step}) are left out to keep the page "
+                f"under about {TEXT_BUDGET // 1_000_000} MB of trajectory text"
             )
-        by_step[step] = {
-            "step": step,
-            "questions": questions,
-            "omitted": max(len(groups) - MAX_QUESTIONS, 0),
-        }
+            break
+        by_step[step] = shown
+        text_size += size
     data.steps = [by_step[s] for s in sorted(by_step)]
     if any(s["omitted"] for s in data.steps):
         data.notes.append(f"at most {MAX_QUESTIONS} questions per step are embedded")
@@ -379,16 +427,17 @@ def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
             "SFT run: conversations as trained; every assistant message carries the loss, "
             "prompts and observations do not (coloured by role)"
         )
-    elif table is not None:
-        data.pieces, data.segments, data.token_colouring = table.pieces, table.segments, True
-        if budget_hit:
+    elif tokens.table is not None:
+        data.pieces, data.segments = tokens.table.pieces, tokens.table.segments
+        data.token_colouring = True
+        if tokens.over_budget:
             data.notes.append(
-                f"token colouring stops after {TOKEN_BUDGET:,} tokens: {budget_hit} "
+                f"token colouring stops after {TOKEN_BUDGET:,} tokens: {tokens.over_budget} "
                 "trajectories of older steps show their turns only"
             )
-    elif why_not:
+    elif tokens.why_not:
         data.notes.append(
-            f"token colouring unavailable: {why_not}; whole messages are "
+            f"token colouring unavailable: {tokens.why_not}; whole messages are "
             "coloured by role instead (assistant messages of trajectories "
             "that train carry the loss)"
         )
