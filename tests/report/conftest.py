@@ -71,6 +71,21 @@ def real_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_report(real_run, tmp_path_factory) -> Path:
+    """``write_report`` of ``real_run`` (the run's own tokenizer, loaded from its config)."""
+    from retool.report import write_report
+
+    return write_report(real_run, output=tmp_path_factory.mktemp("real-report") / "report")
+
+
+@pytest.fixture(scope="session")
+def crafted_report(crafted_run, tmp_path_factory) -> Path:
+    from retool.report import write_report
+
+    return write_report(crafted_run, output=tmp_path_factory.mktemp("crafted-report"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     return cached_tokenizer("tiny-random")
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from retool.report import write_report
 from retool.training.run_dir import read_rollouts
 from tests.report.conftest import EVIL
 
@@ -70,9 +69,8 @@ def screenshot(url: str, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def test_the_viewer_opens_a_trajectory_of_a_real_run(real_run, tmp_path):
-    page = write_report(real_run, output=tmp_path / "report")
-    url = page.as_uri() + "#step=2&question=1"
+def test_the_viewer_opens_a_trajectory_of_a_real_run(real_run, real_report, tmp_path):
+    url = real_report.as_uri() + "#step=2&question=1"
     dom = chromium(url, tmp_path / "profile", "--dump-dom").stdout
     assert 'data-viewer="step-2-question-1"' in dom
     records = [
@@ -92,9 +90,8 @@ def test_the_viewer_opens_a_trajectory_of_a_real_run(real_run, tmp_path):
     print(f"screenshot: {shot}")
 
 
-def test_code_observations_and_hostile_text_render_as_text(crafted_run, tmp_path):
-    page = write_report(crafted_run, output=tmp_path / "report")
-    url = page.as_uri() + "#step=1&question=0&member=0"
+def test_code_observations_and_hostile_text_render_as_text(crafted_report, tmp_path):
+    url = crafted_report.as_uri() + "#step=1&question=0&member=0"
     dom = chromium(url, tmp_path / "profile", "--dump-dom").stdout
     assert 'data-viewer="step-1-question-0"' in dom
     assert '<pre class="code">print(6 * 7)</pre>' in dom

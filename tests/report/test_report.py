@@ -36,11 +36,6 @@ def decoded(data: dict, member: dict, role: str) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def real_report(real_run, tmp_path_factory) -> Path:
-    return write_report(real_run, output=tmp_path_factory.mktemp("out") / "report")
-
-
 def test_a_real_run_gets_every_plot_and_a_self_contained_page(real_run, real_report):
     assert real_report.name == "report.html"
     for name in RUN_PLOTS:
@@ -86,8 +81,8 @@ def test_the_viewer_data_holds_every_trajectory_with_its_decoded_tokens(real_run
         assert all(m["turns"][0]["kind"] == "assistant" for m in question["members"])
 
 
-def test_hostile_trajectory_text_is_escaped_everywhere(crafted_run, tmp_path):
-    page = write_report(crafted_run, output=tmp_path).read_text(encoding="utf-8")
+def test_hostile_trajectory_text_is_escaped_everywhere(crafted_report):
+    page = crafted_report.read_text(encoding="utf-8")
     assert page.count("<script") == 2 and page.count("</script>") == 2  # only our own
     assert "alert(" not in page.split("id=viewer-data>")[0]  # only inside the JSON data
     assert "<img src=x" not in page and "<b>" not in page and "<!--" not in page
@@ -120,9 +115,9 @@ def test_turns_split_code_and_pair_observations_with_their_sandbox_record(crafte
     assert turns[4]["parse"] == "answer" and "code" not in turns[4]
 
 
-def test_missing_metrics_skip_plots_and_say_so(crafted_run, tmp_path):
-    page = write_report(crafted_run, output=tmp_path).read_text(encoding="utf-8")
-    written = {p.stem for p in tmp_path.glob("*.png")}
+def test_missing_metrics_skip_plots_and_say_so(crafted_report):
+    page = crafted_report.read_text(encoding="utf-8")
+    written = {p.stem for p in crafted_report.parent.glob("*.png")}
     assert written == {"reward", "optimization", "timing"}  # what the metrics allow
     assert "Not drawn, because this run did not record their metrics" in page
     assert "sandbox/success_rate" in page  # listed as missing
