@@ -284,3 +284,11 @@ def test_bad_inputs_are_one_line_errors(crafted_run, tmp_path):
         with pytest.raises(ReportError, match=re.escape(message)) as caught:
             call()
         assert "\n" not in str(caught.value)
+
+
+def test_viewer_json_cannot_close_its_script_block_and_has_no_nan():
+    from retool.report.page import script_json
+
+    text = script_json({"t": "</script><!-- \u2028 &", "x": float("nan"), "y": [float("inf")]})
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text) == {"t": "</script><!-- \u2028 &", "x": None, "y": [None]}

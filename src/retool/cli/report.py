@@ -33,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--eval",
         dest="eval_files",
+        action="extend",
         nargs="+",
         default=[],
         metavar="FILE",

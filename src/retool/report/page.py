@@ -56,9 +56,20 @@ def esc(value: Any) -> str:
     return html.escape(str(value).replace("\x00", "\ufffd"), quote=True)
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def script_json(data: Any) -> str:
     """JSON that is safe inside ``<script type="application/json">``."""
-    text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(_finite(data), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -78,14 +89,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _finite(value: Any) -> bool:
+def _is_finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _summary_table(metrics: Sequence[dict[str, Any]]) -> str:
     rows = []
     for key, label in SUMMARY_KEYS:
-        values = [(m["step"], m[key]) for m in metrics if _finite(m.get(key))]
+        values = [(m["step"], m[key]) for m in metrics if _is_finite(m.get(key))]
         if not values:
             continue
         numbers = [v for _, v in values]
