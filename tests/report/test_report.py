@@ -70,7 +70,7 @@ def test_the_viewer_data_holds_every_trajectory_with_its_decoded_tokens(real_run
         assert decoded(data, member, "assistant") == record["final_text"]
         ids = sum(len(s["tokens"]) for s in record["segments"])
         pieces = sum(len(data["segments"][s]) for _, _, s in member["segs"])
-        assert pieces == ids  # one piece per token (tiny-random output is ASCII-ish)
+        assert ids - 8 <= pieces <= ids  # one per token, but a split character is one piece
         loss = [flag for role, flag, _ in member["segs"] if role == "assistant"]
         assert all(loss) == (record["advantage"] != 0) == member["trains"]
     # A group's shared prompt is stored once, and so are its system prompt and question.
@@ -154,7 +154,7 @@ def test_an_sft_run_shows_conversations_and_its_loss(sft_run):
 def test_a_run_without_steps_and_an_unloadable_tokenizer(crafted_run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    (empty / "config.toml").write_text('[model]\nbase_model = "tiny-random"\n')
+    (empty / "config.toml").write_text('[model]\nbase_model = "tiny-random"\n[train]\n')
     page = write_report(empty).read_text(encoding="utf-8")
     assert "No step has completed yet" in page and not list((empty / "report").glob("*.png"))
     assert viewer_data(page)["steps"] == []
@@ -271,11 +271,15 @@ def test_multibyte_characters_split_across_tokens_are_merged(tokenizer):
 
 
 def test_bad_inputs_are_one_line_errors(crafted_run, tmp_path):
+    other = tmp_path / "project"  # a config.toml of another program
+    other.mkdir()
+    (other / "config.toml").write_text('[tool]\nname = "x"\n')
     not_eval = tmp_path / "notes.jsonl"
     not_eval.write_text('{"hello": 1}\n')
     cases = [
         (lambda: write_report(tmp_path / "missing"), "no such directory"),
         (lambda: write_report(tmp_path), "is not a run directory"),
+        (lambda: write_report(other), "is not a run directory"),
         (lambda: write_report(crafted_run, [tmp_path / "gone.jsonl"]), "no such file"),
         (lambda: write_report(crafted_run, [not_eval]), "not a `retool eval` result file"),
         (lambda: write_report(crafted_run, output=not_eval), "is a file"),

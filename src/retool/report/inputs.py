@@ -74,11 +74,6 @@ def load_run(path: str | Path) -> RunInputs:
     if not root.is_dir():
         raise ReportError(f"run directory {root}: is a file, not a run directory")
     run = RunDirectory(root)
-    if not run.config_path.is_file() and not run.metrics_path.is_file():
-        raise ReportError(
-            f"{root} is not a run directory (no config.toml or metrics.jsonl); "
-            "pass the --run-dir of a `retool train` or `retool sft` run"
-        )
     notes: list[str] = []
     config_text, config = "", {}
     if run.config_path.is_file():
@@ -87,7 +82,21 @@ def load_run(path: str | Path) -> RunInputs:
             config = tomllib.loads(config_text)
         except tomllib.TOMLDecodeError as exc:
             notes.append(f"config.toml could not be parsed ({exc}); shown verbatim")
-    else:
+    # A run directory has a metrics file, rollouts or a manifest once a step or checkpoint
+    # is done, and from the start a config.toml with every section (a lone config.toml of
+    # some other program is not enough).
+    started = isinstance(config.get("model"), dict) and isinstance(config.get("train"), dict)
+    if not (
+        run.metrics_path.is_file()
+        or run.rollouts_dir.is_dir()
+        or run.manifest_path.is_file()
+        or started
+    ):
+        raise ReportError(
+            f"{root} is not a run directory (no config.toml or metrics.jsonl); "
+            "pass the --run-dir of a `retool train` or `retool sft` run"
+        )
+    if not config_text:
         notes.append("the run directory has no config.toml")
     try:
         metrics = [m for m in run.metrics() if isinstance(m, dict) and _is_number(m.get("step"))]
