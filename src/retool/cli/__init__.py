@@ -13,10 +13,11 @@ import sys
 from collections.abc import Sequence
 
 from retool import __version__
-from retool.cli import demo, prepare_data, rollout, sandbox, sft, train
+from retool.cli import demo, prepare_data, report, rollout, sandbox, sft, train
+from retool.cli import eval as eval_command
 from retool.errors import RetoolError
 
-COMMANDS = (prepare_data, sandbox, rollout, train, sft, demo)
+COMMANDS = (prepare_data, sandbox, rollout, train, sft, eval_command, report, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
