@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tomllib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -66,7 +67,7 @@ class RunInputs:
         return value if isinstance(value, str) and value else None
 
 
-def load_run(path: str | Path) -> RunInputs:
+def load_run(path: str | os.PathLike[str]) -> RunInputs:
     """Read a run directory; raises :class:`ReportError` if ``path`` is not one."""
     root = Path(path)
     if not root.exists():
@@ -134,6 +135,10 @@ class EvalResult:
     samples: int  # sample rows in the file
     summary: dict[str, Any]  # the summary line as written (or as computed)
     complete: bool  # False: no summary line, numbers computed from the rows
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if _is_number(value) else None
 
 
 def _fraction(value: Any) -> float | None:
@@ -209,8 +214,8 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         pass_ci=_interval(summary.get("pass_at_n_ci")),
         format_rate=_fraction(summary.get("format_rate")),
         format_ci=_interval(summary.get("format_rate_ci")),
-        n=int(n) if _is_number(n) else None,
-        problems=int(problems) if _is_number(problems) else None,
+        n=_count(n),
+        problems=_count(problems),
         samples=len(rows),
         summary=summary,
         complete=complete,

@@ -191,7 +191,8 @@ def build_turns(
     observations = [
         o for o in record.get("observations") or [] if isinstance(o, dict) and o.get("appended", 1)
     ]
-    parses = record.get("parse") if isinstance(record.get("parse"), list) else []
+    parse_kinds = record.get("parse")
+    parses: list[Any] = parse_kinds if isinstance(parse_kinds, list) else []
     turns: list[dict[str, Any]] = []
     answered = 0  # assistant turns so far
     seen = 0  # observations so far
@@ -252,7 +253,8 @@ def _member(
     table: TokenTable | None,
     position: int,
 ) -> dict[str, Any]:
-    tokens = record.get("tokens") if isinstance(record.get("tokens"), dict) else {}
+    counts = record.get("tokens")
+    tokens: dict[str, Any] = counts if isinstance(counts, dict) else {}
     group = _integer(record.get("group_index"))
     member: dict[str, Any] = {
         "g": position if group is None else group,
