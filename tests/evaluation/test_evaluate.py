@@ -70,16 +70,6 @@ class CountingSampler:
 
 
 @pytest.fixture(scope="module")
-def sampler(tmp_path_factory):
-    from retool.backends.local import LocalServiceClient
-
-    service = LocalServiceClient(checkpoint_root=tmp_path_factory.mktemp("ckpt"))
-    client = service.create_sampling_client(base_model="tiny-random")
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def examples():
     return load_eval_examples("demo", limit=2)
 

@@ -67,3 +67,26 @@ def test_tool_mode_counts_sandbox_calls_per_sample(smol_tokenizer, tmp_path):
         header["settings"]["mode"] == "tool"
         and header["settings"]["rollout"]["max_assistant_turns"] == 3
     )
+
+
+def test_skipped_problems_still_get_rows(smol_tokenizer, tmp_path):
+    """A first prompt longer than the budget sends no trajectory to ``progress``: its
+    samples are still written (as excluded ``prompt_too_long``) before the summary."""
+    out = tmp_path / "short.jsonl"
+    tight = RolloutConfig(
+        max_trajectory_tokens=64,
+        max_assistant_tokens=16,
+        max_tool_response_tokens=16,
+        min_observation_tokens=8,
+        retry_backoff=0.0,
+    )
+    sampler = ScriptedSampler(smol_tokenizer, _script)
+    summary = evaluate(sampler, smol_tokenizer, None, PROBLEMS, tight, n=3, output=out,
+                       settings={})  # fmt: skip
+    assert sampler.requests == []
+    rows = load_results(out).rows
+    assert len(rows) == 6 and all(r["stop_reason"] == "prompt_too_long" for r in rows)
+    assert summary.samples == 6 and summary.excluded_rate == 1.0
+    assert summary.stop_reasons["prompt_too_long"] == 1.0 and summary.average_at_n == 0.0
+    metrics = summary.metrics()
+    assert metrics["eval/stop/prompt_too_long"] == 1.0 and "eval/pass_at_3" in metrics

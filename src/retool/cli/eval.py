@@ -28,6 +28,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from retool.cli.common import add_config_options
 from retool.errors import ConfigError
 
 EVAL_TEMPERATURE = 1.0
@@ -80,15 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--top-p", type=float, help=f"nucleus mass (default {EVAL_TOP_P})")
     parser.add_argument("--seed", type=int, help="sampling seed (rollout.seed)")
-    parser.add_argument("--config", help="a TOML config file (default: built-in defaults)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. rollout.max_assistant_tokens=512",
-    )
+    add_config_options(parser)
     parser.add_argument("--question-field", help="question field (default: question, problem)")
     parser.add_argument("--answer-field", help="answer field (default: answer)")
     parser.add_argument("--id-field", help="id field (default: id, else the row index)")

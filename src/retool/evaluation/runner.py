@@ -147,18 +147,21 @@ def check_resumable(output: Path, settings: Mapping[str, Any]) -> ResumeState:
     return ResumeState(kept, done, len(previous.rows) - len(kept), session)
 
 
-def _placeholders(example: MathExample, slot: int, rows: list[dict[str, Any]]) -> list[Trajectory]:
-    """Stand-ins for a finished group: the rollout skips the slot and keeps its seeds."""
-    out = []
-    for row in rows:
-        trajectory = Trajectory(
-            example=example, group_index=int(row["sample"]), messages=[], question_index=slot
+def _placeholders(example: MathExample, slot: int, n: int) -> list[Trajectory]:
+    """Stand-ins for a finished group: the rollout skips the slot and keeps its seeds.
+
+    They are never written or summarized (their rows already are in the file).
+    """
+    return [
+        Trajectory(
+            example=example,
+            group_index=g,
+            messages=[],
+            question_index=slot,
+            stop_reason=StopReason.ANSWER,
         )
-        trajectory.stop_reason = (
-            StopReason(row["stop_reason"]) if row.get("stop_reason") else (StopReason.ANSWER)
-        )
-        out.append(trajectory)
-    return out
+        for g in range(n)
+    ]
 
 
 class _Journal:
@@ -222,12 +225,9 @@ def _prepare(
     check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
     full = eval_settings(settings, config, n=n, examples=examples, tools=tools, seed_step=seed_step)
     resume = check_resumable(output, full)
-    by_slot: dict[int, list[dict[str, Any]]] = {}
-    for row in resume.rows:
-        by_slot.setdefault(int(row["problem_index"]), []).append(row)
     reuse = {
-        slot: _placeholders(examples[slot], slot, rows)
-        for slot, rows in by_slot.items()
+        slot: _placeholders(examples[slot], slot, n)
+        for slot in sorted(resume.done)
         if 0 <= slot < len(examples)
     }
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,31 @@ class EvalSummary:
             "per_problem": dict(self.per_problem),
         }
 
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """A flat ``{name: float}`` for trackers (intervals as ``_low`` / ``_high``)."""
+        out = {
+            f"{prefix}average_at_n": self.average_at_n,
+            f"{prefix}average_at_n_low": self.average_at_n_ci[0],
+            f"{prefix}average_at_n_high": self.average_at_n_ci[1],
+            f"{prefix}pass_at_n": self.pass_at_n,
+            f"{prefix}pass_at_n_low": self.pass_at_n_ci[0],
+            f"{prefix}pass_at_n_high": self.pass_at_n_ci[1],
+            f"{prefix}format_rate": self.format_rate,
+            f"{prefix}mean_code_calls": self.mean_code_calls,
+            f"{prefix}mean_turns": self.mean_turns,
+            f"{prefix}mean_tokens": self.mean_tokens,
+            f"{prefix}excluded_rate": self.excluded_rate,
+            f"{prefix}sandbox_error_rate": self.sandbox_error_rate,
+            f"{prefix}sandbox_timeout_rate": self.sandbox_timeout_rate,
+            f"{prefix}problems": float(self.problems),
+            f"{prefix}samples": float(self.samples),
+            f"{prefix}wall_s": self.wall_s,
+            f"{prefix}tokens_per_s": self.tokens_per_s,
+        }
+        out.update({f"{prefix}pass_at_{k}": v for k, v in self.pass_at_k.items()})
+        out.update({f"{prefix}stop/{r}": v for r, v in self.stop_reasons.items()})
+        return out
+
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
