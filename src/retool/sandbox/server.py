@@ -59,7 +59,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import cgroups, linux, seccomp
+from . import cgroups, landlock, linux, seccomp
 
 FULL, BASIC = "full", "basic"
 UID_BASE = 1_500_000_000  # sandbox uids (root server): one block of UID_BLOCK per instance
@@ -257,6 +257,7 @@ class CallSpec:
     masks: tuple[str, ...]
     boot_path: str  # import path for fresh-interpreter mode
     seccomp: bytes | None = None  # the BPF program, built once per zygote
+    landlock_abi: int = 0  # basic level: confine the call with Landlock (0: off)
 
 
 def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
@@ -283,6 +284,13 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         if os.getppid() != parent:
             os._exit(status)
         linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
+        if spec.landlock_abi:
+            landlock.restrict(
+                [*spec.binds, "/proc"],
+                [os.getcwd()],
+                [f"/dev/{node}" for node in _DEV_NODES],
+                spec.landlock_abi,
+            )
         if spec.seccomp is not None:
             seccomp.install(spec.seccomp)
         if not spec.fresh and (spec.level == FULL or spec.group is not None):
@@ -294,7 +302,7 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         if not raw:
             os._exit(0)  # the handler went away before sending code
         request = json.loads(raw)
-        os.environ["HOME"] = os.getcwd()
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
         _apply_limits(request, own_uid=spec.uid is not None)
         if spec.fresh:  # a new interpreter reports "ready" itself, then runs the file
             path = os.path.join(os.getcwd(), ".retool_code.py")
@@ -426,7 +434,9 @@ class Zygote:
         memory_mb: int,
         boot_path: str,
         use_seccomp: bool = True,
+        landlock_abi: int = 0,
     ) -> None:
+        self.landlock_abi = landlock_abi
         self.seccomp_program = seccomp.build_program() if use_seccomp else None
         self.index = index
         self.level = level
@@ -478,6 +488,7 @@ class Zygote:
             self.masks,
             self.boot_path,
             self.seccomp_program,
+            self.landlock_abi if self.level == BASIC else 0,
         )
         code_r, code_w = os.pipe()
         done_r, done_w = os.pipe()
@@ -761,6 +772,19 @@ def enter_server_namespaces() -> list[str]:
     return missing
 
 
+def _world_reachable(path: str) -> bool:
+    """Whether every directory above ``path`` may be searched by any uid."""
+    path = os.path.realpath(path)
+    while path != "/":
+        path = os.path.dirname(path)
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def claim_uid_block(workdir: str) -> tuple[int, int | None]:
     """Reserve a block of uids for this instance (flock held for its lifetime)."""
     lockdir = "/run/retool-sandbox"
@@ -888,6 +912,14 @@ def main(argv: list[str] | None = None) -> None:
                 missing.append(f"per-call mount/PID namespaces ({error})")
     if not real_root and level == BASIC:
         missing.append("a dedicated uid (the server is not root, so calls share its uid)")
+    if real_root and level == BASIC and not _world_reachable(sys.base_prefix):
+        missing.append(
+            f"an interpreter the sandbox uids can reach ({sys.base_prefix} is below a "
+            "private directory: fresh mode and lazy standard-library imports fail)"
+        )
+    landlock_abi = landlock.abi_version() if "landlock" not in disabled else 0
+    if level == BASIC and landlock_abi == 0:
+        missing.append("Landlock (the call sees the host filesystem as its uid may)")
     preloaded: list[str] = []
     fresh = True
     for name in filter(None, args.preload.split(",")):
@@ -952,6 +984,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.memory_mb,
                     args.boot_path,
                     use_seccomp,
+                    landlock_abi,
                 ).serve(zygote_side)
             finally:
                 os._exit(0)
