@@ -12,7 +12,7 @@ def make_row(pid: str, index: int, sample: int, correct: bool, **extra) -> dict:
     row = {
         "problem_id": pid,
         "problem_index": index,
-        "sample": sample,
+        "sample_index": sample,
         "correct": correct,
         "format": True,
         "answer": "1" if correct else "2",

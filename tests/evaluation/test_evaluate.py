@@ -88,7 +88,7 @@ def _check_file(path: Path, n: int, problems: int, mode: str) -> dict:
     assert len(rows) == n * problems
     for row in rows:
         assert tuple(row) == ROW_KEYS
-    assert sorted((r["problem_index"], r["sample"]) for r in rows) == [
+    assert sorted((r["problem_index"], r["sample_index"]) for r in rows) == [
         (q, s) for q in range(problems) for s in range(n)
     ]
     summary = lines[-1]["summary"]
@@ -140,11 +140,13 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
     assert not any(examples[0].question in p for p in prompts)
     after = [json.loads(line) for line in killed.read_text().splitlines()]
     new_rows = [r for r in after[1:-1] if r["session"] == 1]
-    assert sorted((r["problem_index"], r["sample"]) for r in new_rows) == [(1, 0), (1, 1)]
+    assert sorted((r["problem_index"], r["sample_index"]) for r in new_rows) == [(1, 0), (1, 1)]
     assert summary.samples == 4 and after[-1]["summary"]["samples"] == 4
     # The resumed problem kept its seeds: the same samples as the uninterrupted run.
-    original = {(r["problem_index"], r["sample"]): r["final_text"] for r in rows}
-    assert all(original[(r["problem_index"], r["sample"])] == r["final_text"] for r in new_rows)
+    original = {(r["problem_index"], r["sample_index"]): r["final_text"] for r in rows}
+    assert all(
+        original[(r["problem_index"], r["sample_index"])] == r["final_text"] for r in new_rows
+    )
     # A finished file: nothing is sampled again; the summary is rewritten once.
     counting.prompts.clear()
     evaluate(counting, tokenizer, None, examples, CONFIG, n=2, output=killed, settings=settings)

@@ -22,6 +22,7 @@ SUMMARY_KEYS = {
     "pass_at_n_ci",
     "pass_at_k",
     "format_rate",
+    "format_rate_ci",
     "mean_code_calls",
     "mean_turns",
     "mean_tokens",
@@ -65,6 +66,7 @@ def test_summarize_known_rows():
     assert summary.pass_at_k[2] == pytest.approx((pass_at_k(4, 3, 2) + 0 + pass_at_k(4, 1, 2)) / 3)
     assert summary.pass_at_k[4] == pytest.approx(summary.pass_at_n)
     assert summary.format_rate == pytest.approx(8 / 12)
+    assert summary.format_rate_ci[0] <= summary.format_rate <= summary.format_rate_ci[1]
     assert summary.stop_reasons["max_turns"] == pytest.approx(4 / 12)
     assert set(summary.stop_reasons) >= {str(r) for r in StopReason}
     assert sum(summary.stop_reasons.values()) == pytest.approx(1.0)

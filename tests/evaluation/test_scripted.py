@@ -50,7 +50,7 @@ def test_tool_mode_counts_sandbox_calls_per_sample(smol_tokenizer, tmp_path):
     summary = evaluate(sampler, smol_tokenizer, sandbox, PROBLEMS, CONFIG, n=2, output=out,
                        settings={"model": "scripted"}, progress=progress)  # fmt: skip
     assert rows_at_event == [1, 2, 3, 4]  # each row is on disk before progress hears of it
-    rows = {(r["problem_id"], r["sample"]): r for r in load_results(out).rows}
+    rows = {(r["problem_id"], r["sample_index"]): r for r in load_results(out).rows}
     computed, timed_out = rows[("q1", 0)], rows[("q1", 1)]
     assert computed["correct"] and computed["format"] and computed["answer"] == "7"
     assert (computed["turns"], computed["code_calls"], computed["sandbox_calls"]) == (2, 1, 1)

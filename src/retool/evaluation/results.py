@@ -3,7 +3,7 @@
 ::
 
     {"settings": {...}, "format": "retool-eval/1", "created": 1764500000.0}
-    {"problem_id": "demo-test-0", "problem_index": 0, "sample": 0, "correct": true, ...}
+    {"problem_id": "demo-test-0", "problem_index": 0, "sample_index": 0, "correct": true, ...}
     ...
     {"summary": {"average_at_n": 0.42, "average_at_n_ci": [0.31, 0.53], ...}}
 
@@ -40,7 +40,7 @@ FORMAT = "retool-eval/1"
 ROW_KEYS = (
     "problem_id",  # the dataset id (or row index)
     "problem_index",  # position in the evaluated list (after --limit); decides the seeds
-    "sample",  # 0..n-1 within the problem
+    "sample_index",  # 0..n-1 within the problem
     "correct",  # the boxed answer matched the reference
     "format",  # a complete \boxed{} was found (valid format)
     "answer",  # the boxed answer, or null
@@ -91,7 +91,7 @@ def sample_row(
     return {
         "problem_id": trajectory.example.id,
         "problem_index": problem_index,
-        "sample": trajectory.group_index,
+        "sample_index": trajectory.group_index,
         "correct": bool(trajectory.correct),
         "format": bool(trajectory.valid_format),
         "answer": trajectory.answer,
@@ -157,9 +157,9 @@ def load_results(path: str | os.PathLike[str]) -> EvalResults:
         if "summary" in record:
             summary = record["summary"]
             continue
-        if not {"problem_id", "sample", "correct"} <= set(record):
+        if not {"problem_id", "sample_index", "correct"} <= set(record):
             raise DataError(
-                f"{path}:{number}: not a sample row (needs problem_id, sample, correct)"
+                f"{path}:{number}: not a sample row (needs problem_id, sample_index, correct)"
             )
         rows.append(record)
     return EvalResults(path, settings, tuple(rows), summary)
@@ -170,7 +170,7 @@ def complete_problems(rows: Iterable[Mapping[str, Any]], n: int) -> dict[str, li
     by problem id, ordered by ``problem_index`` (then id)."""
     by_problem: dict[str, dict[int, dict[str, Any]]] = {}
     for row in rows:
-        by_problem.setdefault(str(row["problem_id"]), {})[int(row["sample"])] = dict(row)
+        by_problem.setdefault(str(row["problem_id"]), {})[int(row["sample_index"])] = dict(row)
     complete = {
         pid: [samples[s] for s in range(n)]
         for pid, samples in by_problem.items()

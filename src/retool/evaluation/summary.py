@@ -12,7 +12,8 @@ problems that have all ``n`` samples:
   its bootstrap interval); ``pass_at_k``: the unbiased estimator for
   ``k = 1, 2, 4, ..., n`` averaged over problems (``pass_at_k[1]`` equals
   ``average_at_n``; ``pass_at_k[n]`` equals ``pass_at_n``).
-* ``format_rate``, ``mean_code_calls``, ``mean_turns``, ``mean_tokens``
+* ``format_rate`` (with its bootstrap interval over problems, like Average@N),
+  ``mean_code_calls``, ``mean_turns``, ``mean_tokens``
   (whole-trajectory length), ``mean_sampled_tokens``: means over all samples.
   Excluded samples (an infrastructure failure) count as not correct; their
   share is ``excluded_rate``.
@@ -55,6 +56,7 @@ class EvalSummary:
     pass_at_n_ci: tuple[float, float]
     pass_at_k: dict[int, float]
     format_rate: float
+    format_rate_ci: tuple[float, float]
     mean_code_calls: float
     mean_turns: float
     mean_tokens: float
@@ -85,6 +87,7 @@ class EvalSummary:
             "pass_at_n_ci": list(self.pass_at_n_ci),
             "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()},
             "format_rate": self.format_rate,
+            "format_rate_ci": list(self.format_rate_ci),
             "mean_code_calls": self.mean_code_calls,
             "mean_turns": self.mean_turns,
             "mean_tokens": self.mean_tokens,
@@ -147,6 +150,9 @@ def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
     }
     fractions = [c / n for c in correct_counts.values()]
     solved = [float(c > 0) for c in correct_counts.values()]
+    formats = [  # per problem: the fraction of samples with a complete \\boxed{}
+        sum(bool(r.get("format")) for r in members) / n for members in problems.values()
+    ]
     ks = k_values(n)
     by_k = {k: _mean([pass_at_k(n, c, k) for c in correct_counts.values()]) for k in ks}
     reasons = {str(reason): 0.0 for reason in StopReason}
@@ -173,7 +179,8 @@ def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
         pass_at_n=_mean(solved),
         pass_at_n_ci=bootstrap_ci(solved),
         pass_at_k=by_k,
-        format_rate=_mean([float(bool(r.get("format"))) for r in kept]),
+        format_rate=_mean(formats),
+        format_rate_ci=bootstrap_ci(formats),
         mean_code_calls=_mean([float(r.get("code_calls", 0)) for r in kept]),
         mean_turns=_mean([float(r.get("turns", 0)) for r in kept]),
         mean_tokens=_mean([float(r.get("tokens", 0)) for r in kept]),

@@ -32,7 +32,10 @@ def format_summary(summary: EvalSummary) -> str:
     ]
     rows += [(f"pass@{k} (unbiased)", _pct(v)) for k, v in summary.pass_at_k.items()]
     rows += [
-        ("format rate", _pct(summary.format_rate)),
+        (
+            "format rate",
+            f"{_pct(summary.format_rate)}  {_ci(summary.format_rate_ci, summary.ci_level)}",
+        ),
         ("mean code calls", f"{summary.mean_code_calls:.2f}"),
         ("mean turns", f"{summary.mean_turns:.2f}"),
         ("mean tokens", f"{summary.mean_tokens:.1f} (generated {summary.mean_sampled_tokens:.1f})"),
