@@ -217,6 +217,12 @@ def test_cli_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
         assert err.count("\n") == 1 and "Traceback" not in err, err
         assert err.startswith("retool: error: ") and message in err, err
         assert not out.exists()
+    # An --output that is not a results file (say, the dataset itself) is never overwritten.
+    before = bad_data.read_bytes()
+    assert (
+        retool_eval("--model", "tiny-random", "--dataset", "demo", "--output", str(bad_data)) == 2
+    )
+    assert "cannot be continued" in capsys.readouterr().err and bad_data.read_bytes() == before
     compare_done = _cli_subprocess("compare", str(out), str(out))
     assert compare_done.returncode == 2 and "no such file" in compare_done.stderr
     assert compare_done.stderr.count("\n") == 1
