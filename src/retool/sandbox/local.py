@@ -6,7 +6,10 @@ as a separate program with an empty environment (forked memory and
 to it over a Unix socket in a private directory. Each connection is served by
 its own handler process, so ``max_workers`` connections give ``max_workers``
 calls in parallel; a bounded semaphore caps concurrency across threads and
-event loops alike. A dead server is restarted and the call retried once.
+event loops alike. A dead server is restarted for later calls; code that was
+delivered is never run again. The server's stdin is a lifeline: when this end
+closes (``close()``, or the trainer dies however it dies) a reaper kills every
+process of every call.
 """
 
 from __future__ import annotations
@@ -114,9 +117,11 @@ class IsolationLevel(StrEnum):
 
     FULL = "full"
     """Mount, PID, IPC, UTS and network namespaces, read-only root, private /tmp,
-    unprivileged uid, no_new_privs, rlimits."""
+    unprivileged uid (or no capabilities), no_new_privs, seccomp, a cgroup per
+    call, rlimits."""
     BASIC = "basic"
-    """rlimits, empty environment, scratch cwd, process-group (and uid) kill only."""
+    """No namespaces: seccomp, Landlock where available, a cgroup per call where
+    writable, rlimits, empty environment, scratch cwd on the host filesystem."""
 
 
 def sandbox_env() -> dict[str, str]:

@@ -30,8 +30,9 @@ kills come from the cgroup's OOM counter, timeouts from the handler's timer.
 stdout/stderr go to files, never pipes, and only the tail is read.
 
 Without namespaces (some containers) the same tree runs with rlimits, seccomp,
-an empty environment, a scratch cwd, a dedicated uid when root, and the call's
-cgroup (or process group and uid) killed after each call: the ``basic`` level.
+Landlock (read-only OS paths, writes only in the scratch dir), an empty
+environment, a scratch cwd, a dedicated uid when root, and the call's cgroup
+(or process group and uid) killed after each call: the ``basic`` level.
 
 Wire format: 4-byte big-endian length + JSON, both directions.
 """
