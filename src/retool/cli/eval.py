@@ -22,6 +22,7 @@ file is written, so the CLI prints one line and exits 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tomllib
@@ -219,8 +220,6 @@ def run(args: argparse.Namespace) -> int:
             "memory_mb": sandbox_config.memory_mb,
             "max_output_bytes": sandbox_config.max_output_bytes,
         }
-    import dataclasses
-
     rollout = dataclasses.replace(config.rollout, group_size=args.val_n)
     full = eval_settings(
         settings, rollout, n=args.val_n, examples=examples, tools=tools, seed_step=0
