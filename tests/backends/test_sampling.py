@@ -187,3 +187,67 @@ def test_request_joins_a_running_batch(service):
         assert max(abs(a - b) for a, b in zip(joined.logprobs, alone.logprobs, strict=True)) < 1e-4
     finally:
         client.close()
+
+
+def test_a_row_samples_the_same_alone_or_in_any_batch(service):
+    """Tokens depend on the seed and the row, not on which requests share the batch."""
+    client = service.create_sampling_client(base_model="tiny-random")
+    kinds = [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.3, "top_k": 20},
+        {"temperature": 0.0},
+    ]
+    try:
+        alone = [_sample(client, PROMPT, n=2, max_tokens=16, seed=21, **kind) for kind in kinds]
+        with client.engine.paused():  # every request, plus others, decoded together
+            others = [
+                client.sample(
+                    ModelInput.from_ints(list(range(200, 205 + 7 * i))),
+                    3,
+                    SamplingParams(max_tokens=30, seed=i, temperature=0.5 + 0.2 * i),
+                )
+                for i in range(3)
+            ]
+            together = [
+                client.sample(
+                    ModelInput.from_ints(PROMPT), 2, SamplingParams(max_tokens=16, seed=21, **kind)
+                )
+                for kind in kinds
+            ]
+        for a, b in zip(alone, together, strict=True):
+            assert [s.tokens for s in a.sequences] == [s.tokens for s in b.result(120).sequences]
+        for future in others:
+            future.result(120)
+        # Joining a batch that is already decoding changes nothing either.
+        long_run = client.sample(
+            ModelInput.from_ints(list(range(400, 420))), 2, SamplingParams(max_tokens=300, seed=5)
+        )
+        joined = _sample(client, PROMPT, n=2, max_tokens=16, seed=21, **kinds[1])
+        assert [s.tokens for s in joined.sequences] == [s.tokens for s in alone[1].sequences]
+        long_run.result(120)
+    finally:
+        client.close()
+
+
+def test_sample_tokens_inverse_cdf_and_filters():
+    from retool.backends.local.engine import sample_tokens
+
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])
+    logits = probs.log().unsqueeze(0).expand(6, -1).contiguous()
+    logprobs = logits.log_softmax(-1)
+    uniforms = [0.05, 0.15, 0.35, 0.99, 1.0 - 1e-16, 0.5]
+    tokens = sample_tokens(logits, logprobs, [1.0] * 6, [-1] * 6, [1.0] * 6, uniforms)
+    assert tokens.tolist() == [0, 1, 2, 3, 3, 2]  # never the zero-probability token
+    # top-k 2 keeps tokens 3 and 2 (mass 0.4 / 0.3 after renormalising: 4/7, 3/7), in that order
+    tokens = sample_tokens(logits[:2], logprobs[:2], [1.0] * 2, [2, 2], [1.0] * 2, [0.5, 0.6])
+    assert tokens.tolist() == [3, 2]
+    # top-p 0.5 keeps 3 and 2 (0.4 alone is short of 0.5); top-p 0.3 keeps only 3
+    top_ps = [0.5, 0.3, 1.0]
+    tokens = sample_tokens(logits[:3], logprobs[:3], [1.0] * 3, [-1] * 3, top_ps, [0.9] * 3)
+    assert tokens.tolist() == [2, 3, 3]
+    # greedy ignores the uniform; rows of mixed kinds in one call
+    tokens = sample_tokens(
+        logits[:3], logprobs[:3], [0.0, 1.0, 2.0], [-1, 1, -1], [1.0, 1.0, 1.0], [0.99, 0.99, 0.0]
+    )
+    assert tokens.tolist() == [3, 3, 0]

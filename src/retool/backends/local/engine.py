@@ -14,6 +14,13 @@ Logprobs are the policy's own: ``log_softmax`` of the raw logits at
 temperature 1, with no top-p/top-k filtering, in float32. Temperature, top-k
 and top-p shape only which token is drawn. So ``forward`` on the same tokens
 returns the same numbers (up to float rounding), which PPO's ratio needs.
+
+Sampling is batched across rows (one ``log_softmax`` over the whole batch,
+top-k/top-p only for the rows that ask) and draws by inverse CDF: each row
+takes ONE uniform from its own generator per token and the token is found by a
+search over its cumulative probabilities. So a row's tokens depend only on its
+seed, its index among the request's samples and its logits, never on which
+other rows share the batch.
 """
 
 from __future__ import annotations
@@ -63,6 +70,10 @@ class _Row:
     generator: torch.Generator | None
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...]
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    max_tokens: int = 1
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished: StopReason | None = None
@@ -216,14 +227,31 @@ class SamplingEngine:
         base_seed = (
             params.seed if params.seed is not None else int.from_bytes(os.urandom(6), "little")
         )
-        new_rows = []
+        rows = []
         for index in range(request.num_samples):
             generator = None
             if params.temperature > 0:
                 generator = torch.Generator(device="cpu")
                 generator.manual_seed((base_seed * _SEED_STRIDE + index) % (1 << 63))
-            row = _Row(request, index, list(prompt), len(prompt), generator, stop_ids, stop_strings)
-            self._advance(row, logits)
+            rows.append(
+                _Row(
+                    request,
+                    index,
+                    list(prompt),
+                    len(prompt),
+                    generator,
+                    stop_ids,
+                    stop_strings,
+                    params.temperature,
+                    params.top_k,
+                    params.top_p,
+                    params.max_tokens,
+                )
+            )
+        # The samples share the prompt's logits: one batched draw for all of them.
+        self._advance(rows, logits.unsqueeze(0).expand(len(rows), -1))
+        new_rows = []
+        for row in rows:
             if row.finished is None:
                 new_rows.append(row)
             else:
@@ -312,9 +340,9 @@ class SamplingEngine:
         self._positions = [p + 1 for p in self._positions]
         logits = out.logits[:, -1].float()
         self.steps += 1
+        self._advance(rows, logits)
         keep = []
         for i, row in enumerate(rows):
-            self._advance(row, logits[i])
             if row.finished is None:
                 keep.append(i)
             else:
@@ -323,32 +351,33 @@ class SamplingEngine:
             self._retire(keep)
 
     # -- sampling -------------------------------------------------------------
-    def _advance(self, row: _Row, logits: torch.Tensor) -> None:
-        """Sample the next token of ``row`` from its logits and check stops."""
-        params = row.request.params
+    def _advance(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Sample the next token of every row from its logits ``[rows, vocab]``; check stops."""
         logprobs = torch.log_softmax(logits, dim=-1)
-        if params.temperature == 0:
-            token = int(torch.argmax(logits))
-        else:
-            scores = logits / params.temperature
-            if params.top_k > 0 and params.top_k < scores.shape[-1]:
-                kth = torch.topk(scores, params.top_k).values[-1]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
-            if params.top_p < 1.0:
-                ordered, order = torch.sort(scores, descending=True)
-                cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
-                drop = cumulative - torch.softmax(ordered, dim=-1) > params.top_p
-                scores = scores.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
-            probs = torch.softmax(scores, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=row.generator))
-        row.generated.append(token)
-        row.logprobs.append(float(logprobs[token]))
-        row.tokens.append(token)
-        self.tokens_generated += 1
-        if token in row.stop_ids or (row.stop_strings and self._hit_stop_string(row)):
-            row.finished = StopReason.STOP
-        elif len(row.generated) >= params.max_tokens:
-            row.finished = StopReason.LENGTH
+        uniforms = [
+            0.0
+            if row.generator is None
+            else float(torch.rand((), generator=row.generator, dtype=torch.float64))
+            for row in rows
+        ]
+        tokens = sample_tokens(
+            logits,
+            logprobs,
+            [row.temperature for row in rows],
+            [row.top_k for row in rows],
+            [row.top_p for row in rows],
+            uniforms,
+        )
+        picked = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        self.tokens_generated += len(rows)
+        for row, token, logprob in zip(rows, tokens.tolist(), picked, strict=True):
+            row.generated.append(token)
+            row.logprobs.append(logprob)
+            row.tokens.append(token)
+            if token in row.stop_ids or (row.stop_strings and self._hit_stop_string(row)):
+                row.finished = StopReason.STOP
+            elif len(row.generated) >= row.max_tokens:
+                row.finished = StopReason.LENGTH
 
     def _hit_stop_string(self, row: _Row) -> bool:
         window = max(len(s) for s in row.stop_strings) + 2  # every token holds >= 1 char
@@ -368,3 +397,92 @@ class SamplingEngine:
         request.remaining -= 1
         if request.remaining == 0 and not request.future.done():
             request.future.set_result(SampleResponse(tuple(s for s in request.done if s)))
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    logprobs: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ks: Sequence[int],
+    top_ps: Sequence[float],
+    uniforms: Sequence[float],
+) -> torch.Tensor:
+    """One token per row of ``logits`` ``[rows, vocab]`` (float32), as a long tensor.
+
+    Temperature 0 takes the argmax. Otherwise the row's distribution is
+    ``softmax(logits / temperature)``, restricted to its ``top_k`` most likely
+    tokens (``-1``: all) and then to the smallest set whose mass reaches
+    ``top_p``, and the token is drawn by inverse CDF with the row's uniform in
+    ``[0, 1)``. ``logprobs`` is ``log_softmax(logits)``, reused at temperature 1.
+    Every operation is row-wise, so a row's token never depends on the others.
+    """
+    count, vocab = logits.shape
+    tokens = torch.empty(count, dtype=torch.long, device=logits.device)
+    greedy, plain, filtered = [], [], []
+    for i in range(count):
+        if temperatures[i] == 0:
+            greedy.append(i)
+        elif 0 < top_ks[i] < vocab or top_ps[i] < 1.0:
+            filtered.append(i)
+        else:
+            plain.append(i)
+
+    def pick(source: torch.Tensor, index: list[int]) -> torch.Tensor:
+        if len(index) == count:
+            return source
+        return source.index_select(0, torch.tensor(index, device=source.device))
+
+    def put(index: list[int], values: torch.Tensor) -> None:
+        if len(index) == count:
+            tokens.copy_(values)
+        else:
+            tokens[torch.tensor(index, device=tokens.device)] = values
+
+    def column(values: Sequence[float], index: list[int]) -> torch.Tensor:
+        return torch.tensor(
+            [values[i] for i in index], dtype=torch.float64, device=logits.device
+        ).unsqueeze(1)
+
+    if greedy:
+        put(greedy, pick(logits, greedy).argmax(-1))
+    if plain:
+        temps = [temperatures[i] for i in plain]
+        if all(t == 1.0 for t in temps):
+            probs = pick(logprobs, plain).exp()
+        else:
+            scaled = pick(logits, plain) / column(temperatures, plain).to(logits.dtype)
+            probs = torch.softmax(scaled, dim=-1)
+        put(plain, _inverse_cdf(probs, column(uniforms, plain)))
+    if filtered:
+        scores = pick(logits, filtered) / column(temperatures, filtered).to(logits.dtype)
+        ks = [top_ks[i] if 0 < top_ks[i] < vocab else vocab for i in filtered]
+        widest = max(ks)
+        if widest < vocab:
+            ordered, order = torch.topk(scores, widest, dim=-1)  # sorted, descending
+        else:
+            ordered, order = torch.sort(scores, dim=-1, descending=True)
+        if min(ks) < widest:
+            rank = torch.arange(widest, device=logits.device).unsqueeze(0)
+            keep = torch.tensor(ks, device=logits.device).unsqueeze(1)
+            ordered = ordered.masked_fill(rank >= keep, float("-inf"))
+        probs = torch.softmax(ordered, dim=-1)
+        if any(top_ps[i] < 1.0 for i in filtered):
+            ps = [top_ps[i] if top_ps[i] < 1.0 else float("inf") for i in filtered]
+            limit = torch.tensor(ps, dtype=probs.dtype, device=logits.device).unsqueeze(1)
+            drop = probs.cumsum(-1) - probs > limit  # the mass before a token already suffices
+            probs = torch.softmax(ordered.masked_fill(drop, float("-inf")), dim=-1)
+        chosen = _inverse_cdf(probs, column(uniforms, filtered))
+        put(filtered, order.gather(1, chosen.unsqueeze(1)).squeeze(1))
+    return tokens
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose cumulative probability exceeds ``u * total``.
+
+    Cumulated in float64; ``u * total`` is kept strictly below the total, so the
+    index found always has a non-zero probability.
+    """
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    target = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
