@@ -3,7 +3,6 @@
 import contextlib
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -89,23 +88,3 @@ def children(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
     return found
-
-
-def handler_pids(server_pid: int) -> list[int]:
-    """The handlers of a server: children of its zygotes sharing their mount namespace."""
-    found = []
-    for zygote in children(server_pid):
-        try:
-            zygote_ns = os.readlink(f"/proc/{zygote}/ns/mnt")
-        except OSError:
-            continue
-        for child in children(zygote):
-            try:
-                if os.readlink(f"/proc/{child}/ns/mnt") == zygote_ns:
-                    found.append(child)
-            except OSError:
-                continue
-    return found
-
-
-PYTHON = sys.executable
