@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from retool.sandbox.local import LocalSandbox
 
@@ -70,9 +72,9 @@ def _without(*layers: str) -> type[LocalSandbox]:
     return type("LocalSandboxWithout", (LocalSandbox,), {"_disable_layers": layers})
 
 
-def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print) -> dict:
+def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure and print the tables; returns the figures."""
-    results: dict[str, dict] = {}
+    results: dict[str, Any] = {}
     w = max(workers, 1)
     with (
         LocalSandbox(max_workers=w) as ours,
@@ -84,9 +86,9 @@ def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print)
             f"{'ours (full)':>16} {'speed-up':>9} {'full - basic':>13}"
         )
         for name, code in SNIPPETS.items():
-            ref = _time(lambda c=code: fresh_python(c), n)
-            plain = _time(lambda c=code: bare.run(c), n)
-            full = _time(lambda c=code: ours.run(c), n)
+            ref = _time(partial(fresh_python, code), n)
+            plain = _time(partial(bare.run, code), n)
+            full = _time(partial(ours.run, code), n)
             ratio = ref.p50_ms / full.p50_ms
             results[name] = {
                 "fresh": ref,
@@ -111,8 +113,8 @@ def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print)
         full_print = _time(lambda: ours.run(SNIPPETS["print"]), n)
     log("cost of each layer on `print` (full minus full-without-it, p50 ms):")
     for layer in ("seccomp", "cgroups"):
-        with _without(layer)(max_workers=w) as partial:
-            less = _time(lambda sb=partial: sb.run(SNIPPETS["print"]), n)
+        with _without(layer)(max_workers=w) as reduced:
+            less = _time(partial(reduced.run, SNIPPETS["print"]), n)
         results[f"layer_{layer}"] = full_print.p50_ms - less.p50_ms
         log(
             f"  {layer:<8} full {full_print.p50_ms:.1f}, without {less.p50_ms:.1f}: "

@@ -75,7 +75,7 @@ def _install_runtime(workdir: str) -> str:
     for name in _RUNTIME_MODULES:
         shutil.copyfile(here / f"{name}.py", os.path.join(package, f"{name}.py"))
     Path(package, "__init__.py").write_text('"""retool sandbox runtime (a copy)."""\n')
-    for path in (runtime, package, *Path(package).iterdir()):
+    for path in [runtime, package, *map(str, Path(package).iterdir())]:
         os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
     sources = {str(here.parents[1]), str(here.parents[2])}
     sites = [
@@ -409,16 +409,20 @@ class LocalSandbox:
         """The result, with its kind taken only from facts the supervisor observed:
         the wait status, its own timer, the cgroup's OOM counter, the output
         files' sizes, and whether set-up finished (never from the call's output)."""
-        level = self.isolation_level
-        common = {
-            "latency_s": latency,
-            "isolation": level.value,
-            "degraded": self.degraded,
-        }
+        level, degraded = self.isolation_level.value, self.degraded
         if reply is None or "error" in reply:
             why = failure or f"the sandbox handler failed: {(reply or {}).get('error', '')}"
             return ExecResult(
-                False, "", why, None, False, truncated=False, error_kind=ErrorKind.SANDBOX, **common
+                False,
+                "",
+                why,
+                None,
+                False,
+                latency,
+                False,
+                ErrorKind.SANDBOX,
+                isolation=level,
+                degraded=degraded,
             )
         stdout = sanitize_observation(reply["stdout"])
         stderr = sanitize_observation(reply["stderr"])
@@ -448,9 +452,11 @@ class LocalSandbox:
             stderr=stderr,
             returncode=code,
             timed_out=timed_out or kind == ErrorKind.TIMEOUT,
+            latency_s=latency,
             truncated=bool(reply["truncated"]),
             error_kind=kind,
-            **common,
+            isolation=level,
+            degraded=degraded,
         )
 
     # -- lifecycle ------------------------------------------------------------

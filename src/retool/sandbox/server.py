@@ -837,8 +837,17 @@ def probe_full(
     handler = Handler(left, right, FULL)
     try:
         info, fds = zygote.prepare()
+        code_w, done_r, pidfd = fds
         prepared = Prepared(
-            info["pid_b"], *fds, info["out_path"], info["err_path"], None, None, None
+            info["pid_b"],
+            code_w,
+            done_r,
+            pidfd,
+            info["out_path"],
+            info["err_path"],
+            None,
+            None,
+            None,
         )
         reply = handler.run(
             prepared,
