@@ -4,6 +4,7 @@ Each test leaves a `sleep <marker>` daemon (setsid, double fork) or a sleeping
 snippet behind and then ends the sandbox in a different way.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -106,6 +107,41 @@ def test_trainer_sigkill_mid_call_kills_the_call(isolation):
         assert wait_for(lambda: not os.path.exists(workdir))  # the reaper cleaned up
     finally:
         trainer.kill()
+        kill_all(marker)
+
+
+def test_trainer_sigkill_kills_the_call_even_if_a_forked_child_holds_the_lifeline(tmp_path):
+    marker = _marker()
+    snippet = tmp_path / "snippet.py"  # not on the trainer's command line: its child
+    snippet.write_text(daemon_code(marker, "import time\ntime.sleep(120)"))  # lives on
+    script = textwrap.dedent(
+        f"""
+        import os, time
+        from retool.sandbox import LocalSandbox
+        sb = LocalSandbox(max_workers=1, timeout=120)
+        child = os.fork()  # inherits every descriptor, the server's stdin pipe included
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        print("started", child, flush=True)
+        sb.run(open({str(snippet)!r}).read())
+        """
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=REPO)
+    child = None
+    try:
+        started, child_text = trainer.stdout.readline().decode().split()
+        child = int(child_text)
+        assert started == "started"
+        assert appeared(marker)
+        trainer.kill()
+        trainer.wait()
+        assert gone(marker), "a forked child of the trainer kept the call alive"
+    finally:
+        trainer.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         kill_all(marker)
 
 

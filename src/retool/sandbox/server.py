@@ -804,17 +804,25 @@ def claim_uid_block(workdir: str) -> tuple[int, int | None]:
     raise RuntimeError("no free sandbox uid block")
 
 
-def _run_reaper(group: cgroups.Group | None, server_pid: int, alive_r: int, workdir: str) -> None:
+def _run_reaper(
+    group: cgroups.Group | None,
+    server_pid: int,
+    alive_r: int,
+    workdir: str,
+    trainer_pidfd: int | None,
+) -> None:
     """The reaper: once the trainer (lifeline, fd 0) or the server is gone, kill the
     instance's cgroup whole (every call, daemons included), remove it and the
     server's directory."""
     try:
-        _close_all_except(0, alive_r)
+        watched = [0, alive_r] + ([] if trainer_pidfd is None else [trainer_pidfd])
+        _close_all_except(*watched)
         with contextlib.suppress(OSError):
             os.setsid()
-        fds = [0, alive_r]
         while True:
-            readable = select.select(fds, [], [])[0]
+            readable = select.select(watched, [], [])[0]
+            if trainer_pidfd in readable:  # the trainer exited (even if a child of
+                break  # its own still holds the lifeline's write end)
             if any(not os.read(fd, 4096) for fd in readable):
                 break
         with contextlib.suppress(ProcessLookupError):
@@ -900,11 +908,16 @@ def main(argv: list[str] | None = None) -> None:
         use_seccomp = False
     if "seccomp" in disabled:
         missing.append("seccomp (disabled)")
+    trainer_pidfd = None
+    with contextlib.suppress(OSError):
+        trainer_pidfd = os.pidfd_open(os.getppid())
     alive_r, alive_w = os.pipe()
     server_pid = os.getpid()
     if os.fork() == 0:
-        _run_reaper(group, server_pid, alive_r, workdir)
+        _run_reaper(group, server_pid, alive_r, workdir, trainer_pidfd)
     os.close(alive_r)
+    if trainer_pidfd is not None:
+        os.close(trainer_pidfd)
     if group is not None:
         with contextlib.suppress(OSError):
             cgroups.Group({k: v for k, v in group.dirs.items() if k == "v2"}).enter()
