@@ -202,6 +202,10 @@ class TrainConfig:
     micro_batch_tokens: int = 16384  # padded-area budget per forward_backward
     micro_batch_items: int = 32  # datums per forward_backward at most
     save_every: int = 10  # checkpoint period in steps; 0 saves only at the end
+    eval_every: int = 0  # evaluate the policy every this many steps; 0 never
+    eval_dataset: str = ""  # problems for those evaluations; "" = data.dev
+    eval_n: int = 4  # samples per problem in those evaluations
+    eval_limit: int = 0  # first this many problems; 0 = all
     seed: int = 0  # LoRA initialisation
     run_dir: str = "runs/default"  # metrics, checkpoints, samples
 
@@ -214,7 +218,16 @@ class TrainConfig:
             "micro_batch_items",
         ):
             _positive("train", name, getattr(self, name))
-        for name in ("learning_rate", "weight_decay", "grad_clip_norm", "save_every", "eps"):
+        _positive("train", "eval_n", self.eval_n)
+        for name in (
+            "learning_rate",
+            "weight_decay",
+            "grad_clip_norm",
+            "save_every",
+            "eps",
+            "eval_every",
+            "eval_limit",
+        ):
             _at_least("train", name, getattr(self, name), 0)
         for name in ("beta1", "beta2"):
             _at_least("train", name, getattr(self, name), 0)

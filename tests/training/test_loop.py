@@ -73,7 +73,8 @@ def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_each_step_takes_one_optimizer_step_and_changes_the_weights(tmp_path):
-    config = load_config(write_config(tmp_path))
+    evaluation = ["train.eval_every=2", "train.eval_n=2", "train.eval_limit=2"]
+    config = load_config(write_config(tmp_path), evaluation)
     run = train(config, run_dir=str(tmp_path / "run"), progress=False)
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == [1, 2]
@@ -90,6 +91,15 @@ def test_each_step_takes_one_optimizer_step_and_changes_the_weights(tmp_path):
     assert (run.path / "rollouts" / "step_000002.jsonl.gz").exists()
     assert list((run.path / "journal").iterdir()) == []
     assert "[train]" in run.config_path.read_text()
+    # train.eval_every: the policy after step 2 evaluated on data.dev, 2 problems x 2 samples.
+    from retool.evaluation import load_results
+
+    assert [p.name for p in run.eval_dir.iterdir()] == ["step_000002.jsonl"]
+    results = load_results(run.eval_path(2))
+    assert results.summary is not None and len(results.rows) == 4
+    assert (
+        results.settings["model"].endswith("@2") and "eval after step 2" in run.log_path.read_text()
+    )
 
 
 def test_a_step_where_every_group_scores_alike_skips_the_update(tmp_path):

@@ -228,8 +228,9 @@ class Display:
         self.inner.reset()
         self.inner.set_description_str(phase)
 
-    def end_step(self, line: str) -> None:
-        self.steps.update(1)
+    def end_step(self, line: str, advance: bool = True) -> None:
+        if advance:
+            self.steps.update(1)
         self._tqdm.write(line, file=sys.stdout)
 
     def close(self) -> None:
@@ -424,7 +425,10 @@ def train(
     loss_config = {"clip_low_threshold": cfg.clip_low, "clip_high_threshold": cfg.clip_high}
     sandbox = open_sandbox(config.sandbox)
     try:
+        evaluation = PeriodicEval(config, session, sandbox, scorer)
         with session.running():
+            if evaluation.pending(session.start):
+                evaluation.run(session.start)
             for step in session.steps():
                 display.new_step("sampling")
                 phases = Phases(display.phase)
@@ -471,6 +475,77 @@ def train(
                 metrics.update(session.update(step, micro_batches, cfg.loss, loss_config, phases))
                 note = "" if micro_batches else "  (every group scored alike: nothing to train)"
                 session.commit(step, metrics, phases, result.trajectories, note)
+                if evaluation.due(step):
+                    evaluation.run(step)
     finally:
         sandbox.close()
     return run
+
+
+class PeriodicEval:
+    """``train.eval_every``: ``retool eval`` of the policy after a step, in the run directory.
+
+    Runs after the step is committed (an evaluation is not part of the
+    step's record), writes ``eval/step_NNNNNN.jsonl`` (resumable: a kill
+    mid-evaluation is finished on ``--resume``) and sends ``eval/*`` to the
+    tracker and ``log.txt``. The sampling seeds are fixed (``seed_step=0``),
+    so every evaluation of a run samples the same way and differences between
+    steps are the policy's.
+    """
+
+    def __init__(self, config: RunConfig, session: Session, sandbox: Any, scorer: Any) -> None:
+        from retool.evaluation import load_eval_examples
+
+        cfg = config.train
+        self.config, self.session, self.sandbox, self.scorer = config, session, sandbox, scorer
+        self.every = cfg.eval_every
+        self.dataset = cfg.eval_dataset or config.data.dev
+        self.examples = (
+            load_eval_examples(self.dataset, limit=cfg.eval_limit or None) if self.every else []
+        )
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step > 0 and step % self.every == 0
+
+    def pending(self, step: int) -> bool:
+        """Due after ``step`` and not finished (a resume after a kill mid-evaluation)."""
+        from retool.evaluation import load_results
+
+        path = self.session.run.eval_path(step)
+        return self.due(step) and (not path.exists() or load_results(path).summary is None)
+
+    def run(self, step: int) -> None:
+        from retool.evaluation import evaluate
+
+        session, cfg = self.session, self.config.train
+        session.display.new_step(f"eval after step {step}")
+        session.run.eval_dir.mkdir(exist_ok=True)
+        sampler = session.trainer.save_weights_and_get_sampling_client()
+        try:
+            summary = evaluate(
+                sampler,
+                session.trainer.get_tokenizer(),
+                self.sandbox,
+                self.examples,
+                self.config.rollout,
+                n=cfg.eval_n,
+                output=session.run.eval_path(step),
+                settings={"model": f"{session.run.path}@{step}", "dataset": self.dataset},
+                progress=lambda event: session.display.advance(event.count),
+                reward_timeout=self.config.reward.timeout,
+                scorer=self.scorer,
+            )
+        finally:
+            close = getattr(sampler, "close", None)
+            if close is not None:
+                close()
+        low, high = summary.average_at_n_ci
+        line = (
+            f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "
+            f"[{low:.3f}, {high:.3f}], pass@{cfg.eval_n} {summary.pass_at_n:.3f}, "
+            f"format {summary.format_rate:.3f} on {len(self.examples)} problems"
+        )
+        session.run.log(line)
+        session.display.end_step(line, advance=False)
+        if session.sink is not None:
+            session.sink.log(summary.metrics(), step)

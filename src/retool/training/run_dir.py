@@ -10,6 +10,7 @@
       checkpoints/sampler/...  sampler weights (save_weights_for_sampler)
       rollouts/step_000001.jsonl.gz   every trajectory of a completed step
       journal/step_000002.jsonl       trajectories of the step in progress, as they end
+      eval/step_000010.jsonl   ``retool eval`` results of the policy after that step
       log.txt                  the step summaries
 
 Rules that make a kill at any moment safe:
@@ -165,6 +166,7 @@ class RunDirectory:
         self.checkpoint_root = path / "checkpoints"
         self.rollouts_dir = path / "rollouts"
         self.journal_dir = path / "journal"
+        self.eval_dir = path / "eval"
         self.log_path = path / "log.txt"
 
     # -- opening -------------------------------------------------------------------
@@ -235,6 +237,9 @@ class RunDirectory:
     def rollouts_path(self, step: int) -> Path:
         return self.rollouts_dir / f"step_{step:06d}.jsonl.gz"
 
+    def eval_path(self, step: int) -> Path:
+        return self.eval_dir / f"step_{step:06d}.jsonl"
+
     def journal(self, step: int) -> Journal:
         return Journal(self.journal_dir / f"step_{step:06d}.jsonl")
 
@@ -264,6 +269,9 @@ class RunDirectory:
                 path.unlink()
         for path in self.journal_dir.glob("step_*.jsonl"):
             if int(path.name[5:11]) != step + 1:
+                path.unlink()
+        for path in self.eval_dir.glob("step_*.jsonl"):
+            if int(path.name[5:11]) > step:
                 path.unlink()
         records = [r for r in _read_jsonl(self.manifest_path) if int(r["step"]) <= step]
         _write_atomic(self.manifest_path, "".join(json.dumps(r) + "\n" for r in records).encode())
