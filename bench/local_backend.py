@@ -1,6 +1,6 @@
 """Local backend benchmark: our sampler and trainer against plain transformers.
 
-    .venv/bin/python bench/local_backend.py [--repeats 3] [--part sampling|training|all]
+    .venv/bin/python bench/local_backend.py [--repeats 3] [--part sampling|decode|training|all]
 
 1. Rollout-shaped sampling on smollm2-135m-instruct, CPU: 4 prompts x
    ``num_samples=4``, then 16 continuation prompts (each first-round output plus
@@ -12,6 +12,13 @@
    Baseline: one HF forward over full logits + log-softmax + the same loss +
    backward. Ours: ``LocalTrainingClient.forward_backward``. Each variant runs
    in its own process so that peak RSS is its own.
+
+3. One decode step at 32 rows (and 16): 4 prompts x ``num_samples`` rows decoded
+   together by the engine. The engine's whole step (forward, sampling, stop
+   checks, bookkeeping) against the model's own forward for that batch, timed
+   two ways: the engine's model call inside the step, and a bare HF forward of
+   the same number of rows x 1 token over a cache of the same length (no padding
+   mask). Target: the step within 1.5x of the forward.
 
 Prints medians over the repeats, absolute figures and the ratios.
 """
@@ -145,9 +152,102 @@ def run_sampling(repeats: int) -> None:
     base, ours = statistics.median(base_rates), statistics.median(our_rates)
     print(
         f"SAMPLING  baseline {base:.1f} tok/s | ours {ours:.1f} tok/s | "
-        f"ratio {ours / base:.2f}x (target >= 3x)",
+        f"ratio {ours / base:.2f}x (target >= 5x)",
         flush=True,
     )
+
+
+def decode_profile(model, tokenizer, rows: int, new_tokens: int = 48) -> dict[str, float]:
+    """Median per-step seconds of the engine's decode step and of its model call."""
+    import torch
+
+    from retool.backends.local.engine import SamplingEngine
+    from retool.types import SamplingParams
+
+    steps: list[float] = []
+    calls: list[float] = []
+    widths: list[int] = []
+    engine = SamplingEngine(model, tokenizer)
+    original_step = engine._step
+    forward = model.forward
+
+    def timed_forward(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            if kwargs.get("attention_mask") is not None:  # decode, not prefill
+                calls.append(time.perf_counter() - started)
+
+    def timed_step():
+        assert engine._valid is not None
+        widths.append(engine._valid.shape[1])
+        started = time.perf_counter()
+        original_step()
+        steps.append(time.perf_counter() - started)
+
+    engine._step = timed_step
+    model.forward = timed_forward
+    try:
+        params = SamplingParams(max_tokens=new_tokens, seed=0, stop=("<never-stops>",))
+        with engine.paused():
+            futures = [engine.submit(p, rows // 4, params) for p in _prompts(tokenizer)]
+        for future in futures:
+            future.result()
+    finally:
+        del model.forward
+        engine.close()
+    width = int(statistics.median(widths))
+    # The bare forward: rows x 1 token over a cache of the same length, HF's own cache.
+    from transformers.cache_utils import DynamicCache
+
+    config = model.config
+    heads = config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    bare = []
+    with torch.no_grad():
+        for _ in range(5):
+            cache = DynamicCache()
+            for layer in range(config.num_hidden_layers):
+                keys, values = (torch.randn(rows, heads, width, dim) for _ in range(2))
+                cache.update(keys, values, layer)
+            ids = torch.randint(0, 1000, (rows, 1))
+            started = time.perf_counter()
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            bare.append(time.perf_counter() - started)
+    return {
+        "step": statistics.median(steps),
+        "call": statistics.median(calls),
+        "bare": statistics.median(bare),
+        "width": width,
+    }
+
+
+def run_decode(repeats: int) -> None:
+    from retool.backends.local.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL)
+    model = load_model(MODEL).eval()
+    for rows in (16, 32):
+        results = []
+        for repeat in range(repeats):
+            r = decode_profile(model, tokenizer, rows)
+            results.append(r)
+            print(
+                f"  decode {rows} rows repeat {repeat + 1}: step {r['step'] * 1e3:.0f} ms | "
+                f"its model call {r['call'] * 1e3:.0f} ms | bare HF forward "
+                f"{r['bare'] * 1e3:.0f} ms (cache {r['width']} tokens)",
+                flush=True,
+            )
+        step = statistics.median(r["step"] for r in results)
+        call = statistics.median(r["call"] for r in results)
+        bare = statistics.median(r["bare"] for r in results)
+        print(
+            f"DECODE {rows} rows  step {step * 1e3:.0f} ms ({rows / step:.0f} tok/s) | model call "
+            f"{call * 1e3:.0f} ms | bare forward {bare * 1e3:.0f} ms | step / model call "
+            f"{step / call:.2f}x, step / bare forward {step / bare:.2f}x (target <= 1.5x)",
+            flush=True,
+        )
 
 
 def training_child(variant: str) -> None:
@@ -251,7 +351,7 @@ def run_training(repeats: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--part", choices=["sampling", "training", "all"], default="all")
+    parser.add_argument("--part", choices=["sampling", "decode", "training", "all"], default="all")
     parser.add_argument("--child", choices=["baseline", "ours"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -261,3 +361,5 @@ if __name__ == "__main__":
             run_training(args.repeats)
         if args.part in ("sampling", "all"):
             run_sampling(args.repeats)
+        if args.part in ("decode", "all"):
+            run_decode(args.repeats)

@@ -44,6 +44,7 @@ from retool.backends.local.kv import (
     cache_kv,
     make_cache,
     make_cache_empty,
+    merge_caches,
 )
 from retool.types import SampledSequence, SampleResponse, SamplingParams, StopReason
 
@@ -273,21 +274,13 @@ class SamplingEngine:
             assert self._valid is not None
             length = self._valid.shape[1]
             width = max(length, n)
-            merged = []
-            for (bk, bv), (k, v) in zip(cache_kv(self._cache), kv, strict=True):
-                rows_k = bk.new_zeros((bk.shape[0] + len(rows), bk.shape[1], width, bk.shape[3]))
-                rows_v = torch.zeros_like(rows_k)
-                rows_k[: bk.shape[0], :, width - length :] = bk
-                rows_v[: bk.shape[0], :, width - length :] = bv
-                rows_k[bk.shape[0] :, :, width - n :] = k
-                rows_v[bk.shape[0] :, :, width - n :] = v
-                merged.append((rows_k, rows_v))
+            self._cache = merge_caches(self._cache, length, kv, len(rows), width, _SPARE)
             valid = torch.zeros(
                 self._valid.shape[0] + len(rows), width, dtype=torch.bool, device=self.device
             )
             valid[: self._valid.shape[0], width - length :] = self._valid
             valid[self._valid.shape[0] :, width - n :] = True
-            self._cache, self._valid = make_cache(merged, extra=_SPARE), valid
+            self._valid = valid
         self._rows.extend(rows)
         self._positions.extend([n] * len(rows))
 
@@ -303,15 +296,11 @@ class SamplingEngine:
         valid = self._valid.index_select(0, index)
         first = int(valid.any(0).int().argmax())
         self._valid = valid[:, first:].contiguous()
-        self._cache = make_cache(
-            [
-                (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
-                for k, v in cache_kv(self._cache)
-            ],
-            extra=_SPARE,
-        )
+        for layer in self._cache.layers:
+            layer.keep_rows(index, first)
 
     def _row_kv(self, i: int) -> KV:
+        """Row ``i``'s KV without its padding: fresh contiguous tensors."""
         assert self._cache is not None and self._valid is not None
         columns = self._valid[i].nonzero().squeeze(1)
         return [
@@ -346,7 +335,7 @@ class SamplingEngine:
             if row.finished is None:
                 keep.append(i)
             else:
-                self._finish(row, self._row_kv(i))
+                self._finish(row, self._row_kv(i), owned=True)
         if len(keep) != len(rows):
             self._retire(keep)
 
@@ -384,9 +373,9 @@ class SamplingEngine:
         tail = self.tokenizer.decode(row.generated[-window:], skip_special_tokens=False)
         return any(s in tail for s in row.stop_strings)
 
-    def _finish(self, row: _Row, kv: KV) -> None:
+    def _finish(self, row: _Row, kv: KV, owned: bool = False) -> None:
         # The KV covers every token but the last sampled one.
-        self.prefix_cache.put(row.tokens[:-1], kv)
+        self.prefix_cache.put(row.tokens[:-1], kv, owned=owned)
         request = row.request
         request.done[row.index] = SampledSequence(
             tokens=tuple(row.generated),

@@ -4,8 +4,10 @@
 ``[rows, kv_heads, capacity, head_dim]`` buffer per layer. Rows are aligned on
 the right (left padding, masked out), so one forward call advances every row by
 one token. Appending writes into spare capacity instead of concatenating (HF's
-``DynamicCache`` copies the whole cache on every step); rows join and leave by
-rebuilding the buffers, which happens once per request, not once per token.
+``DynamicCache`` copies the whole cache on every step); rows join by writing the
+old rows and the new ones into one new buffer (``merge_caches``) and leave by one
+``index_select`` that carries the spare capacity along (``keep_rows``): one copy
+of the batch per request joining or row finishing, not one per token.
 
 ``PrefixCache`` remembers the KV of finished prompts and sequences, keyed by
 their tokens, so a continuation prompt (previous prompt + completion + delta)
@@ -59,12 +61,59 @@ class _GrowableLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._n
 
+    def keep_rows(self, index: torch.Tensor, first: int) -> None:
+        """Keep rows ``index`` and drop the first ``first`` columns, in one copy.
+
+        The spare capacity travels along, so no second copy is needed to regrow it.
+        """
+        self._k = self._k.index_select(0, index)[:, :, first:]
+        self._v = self._v.index_select(0, index)[:, :, first:]
+        self._n -= first
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    @classmethod
+    def from_buffers(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> _GrowableLayer:
+        """A layer over preallocated ``[rows, heads, capacity, dim]`` buffers, ``length`` used."""
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.is_initialized = True
+        layer.device = keys.device
+        layer._k, layer._v, layer._n = keys, values, length
+        layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
+        return layer
+
 
 def make_cache(kv: KV, extra: int = 0) -> DynamicCache:
     """A ``DynamicCache`` whose layers start from ``kv`` and grow in place."""
     cache = DynamicCache()
     cache.layers = [_GrowableLayer(k, v, extra) for k, v in kv]
     return cache
+
+
+def merge_caches(
+    cache: DynamicCache, old_length: int, kv: KV, rows: int, width: int, extra: int
+) -> DynamicCache:
+    """``cache`` (right-aligned, ``old_length`` columns) with ``rows`` copies of ``kv`` appended.
+
+    Both are right-aligned to ``width`` columns in new buffers with ``extra`` spare
+    columns, written once; the left padding is zeroed (masked, but never garbage).
+    """
+    layers = []
+    for layer, (k, v) in zip(cache.layers, kv, strict=True):
+        n = k.shape[2]
+        merged = []
+        for old, new in ((layer.keys, k), (layer.values, v)):
+            count = old.shape[0]
+            buffer = old.new_empty((count + rows, old.shape[1], width + extra, old.shape[3]))
+            buffer[:count, :, : width - old_length].zero_()
+            buffer[:count, :, width - old_length : width] = old
+            buffer[count:, :, : width - n].zero_()
+            buffer[count:, :, width - n : width] = new
+            merged.append(buffer)
+        layers.append(_GrowableLayer.from_buffers(merged[0], merged[1], width))
+    out = DynamicCache()
+    out.layers = layers
+    return out
 
 
 def make_cache_empty() -> DynamicCache:
@@ -104,7 +153,9 @@ class PrefixCache:
         self._lock = threading.Lock()
         self._lookups = self._hits = self._reused = self._prefilled = 0
 
-    def put(self, tokens: Sequence[int], kv: KV) -> None:
+    def put(self, tokens: Sequence[int], kv: KV, owned: bool = False) -> None:
+        """Remember ``kv`` for ``tokens``; ``owned``: the tensors are the caller's to give
+        away (fresh, contiguous), so they are kept without a copy."""
         key = tuple(tokens)
         if not key or self.max_bytes <= 0:
             return
@@ -116,7 +167,9 @@ class PrefixCache:
                 self._entries.move_to_end(key)
                 return
             # Own the memory: a view would pin a whole batch buffer.
-            self._entries[key] = [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv]
+            if not owned:
+                kv = [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv]
+            self._entries[key] = kv
             self._arrays[key] = np.asarray(key, dtype=np.int64)
             self._bytes += size
             while self._bytes > self.max_bytes:

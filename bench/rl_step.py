@@ -1,0 +1,171 @@
+"""Time RL steps of the demo configuration and print where each step's time goes.
+
+    .venv/bin/python bench/rl_step.py [--steps 2] [--config configs/demo.toml]
+                                      [--init-from CHECKPOINT] [--set section.key=value ...]
+
+Runs ``retool.training.loop.train`` on the config (the demo by default) for
+``--steps`` steps in a temporary run directory, then reads the run directory's
+``metrics.jsonl``: the loop's own phases (``time/<phase>_s``: snapshot, rollout,
+datums, training, checkpoint), the rollout's counters, and, measured here by
+timing the sampling engine's methods, how much of the rollout the sampler was
+busy (prefill, decode steps) and how long the sandbox calls took. A rollout
+much longer than the sampler's busy time shows an idle sampler (waiting for
+tools or scoring). Prints whether each step is within the 40 s target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+TARGET_S = 40.0
+
+
+class EngineClock:
+    """Seconds the sampling engine spent in prefill (``_admit``) and decode (``_step``)."""
+
+    def __init__(self) -> None:
+        from retool.backends.local.engine import SamplingEngine
+
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self.steps = 0
+        self._lock = threading.Lock()
+        for method, key in (("_admit", "prefill"), ("_step", "decode")):
+            original = getattr(SamplingEngine, method)
+            setattr(SamplingEngine, method, self._timed(original, key))
+
+    def _timed(self, original, key: str):
+        def timed(engine, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(engine, *args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[key] += time.perf_counter() - started
+                    self.steps += key == "decode"
+
+        return timed
+
+    def take(self) -> tuple[dict[str, float], int]:
+        with self._lock:
+            out, steps = dict(self.seconds), self.steps
+            self.seconds = dict.fromkeys(self.seconds, 0.0)
+            self.steps = 0
+        return out, steps
+
+
+def tool_seconds(run_dir: Path, step: int) -> tuple[float, int]:
+    """Sum of sandbox wall time over the step's tool calls, and their count."""
+    import gzip
+
+    path = run_dir / "rollouts" / f"step_{step:06d}.jsonl.gz"
+    if not path.exists():
+        return 0.0, 0
+    total, calls = 0.0, 0
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            for observation in record.get("observations", []):
+                if not observation.get("shared"):
+                    total += float(observation.get("latency_s", 0.0))
+                    calls += 1
+    return total, calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/demo.toml")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--init-from", default=None, help="checkpoint to start from (e.g. SFT)")
+    parser.add_argument("--set", action="append", default=[], help="config override")
+    args = parser.parse_args()
+
+    from retool.config import load_config
+    from retool.training.loop import train
+
+    config = load_config(args.config, [f"train.steps={args.steps}", *args.set])
+    clock = EngineClock()
+    per_step: dict[int, tuple[dict[str, float], int]] = {}
+
+    # The engine clock is read when each step's metrics line is written (after the rollout).
+    from retool.training import run_dir as run_dir_module
+
+    original_complete = run_dir_module.RunDirectory.complete_step
+
+    def complete_step(self, step, metrics, records):
+        per_step[step] = clock.take()
+        return original_complete(self, step, metrics, records)
+
+    run_dir_module.RunDirectory.complete_step = complete_step
+
+    with tempfile.TemporaryDirectory(prefix="retool-rl-step-") as tmp:
+        run_dir = Path(tmp) / "run"
+        started = time.perf_counter()
+        train(config, run_dir=str(run_dir), progress=False, init_from=args.init_from)
+        total = time.perf_counter() - started
+        lines = [
+            json.loads(line)
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        tools = {int(m["step"]): tool_seconds(run_dir, int(m["step"])) for m in lines}
+
+    phases = sorted({k for m in lines for k in m if k.startswith("time/") and k != "time/step_s"})
+    print(f"{len(lines)} steps of {args.config} in {total:.1f}s (incl. model load)")
+    header = ["step", *(p[len("time/") : -2] for p in phases), "step_s", "<= 40 s"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    for m in lines:
+        cells = [str(m["step"]), *(f"{m.get(p, 0.0):.1f}" for p in phases)]
+        cells += [f"{m['time/step_s']:.1f}", "yes" if m["time/step_s"] <= TARGET_S else "NO"]
+        print("| " + " | ".join(cells) + " |")
+    print()
+    print("inside the rollout phase:")
+    header = [
+        "step",
+        "rollout_s",
+        "sampler prefill_s",
+        "sampler decode_s",
+        "decode steps",
+        "sampler idle_s",
+        "tool calls",
+        "tool wall_s (sum)",
+        "sampled tok",
+        "tok/s",
+        "turns",
+        "reward",
+    ]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    for m in lines:
+        step = int(m["step"])
+        engine, steps = per_step.get(step, ({"prefill": 0.0, "decode": 0.0}, 0))
+        busy = engine["prefill"] + engine["decode"]
+        rollout = m.get("time/rollout_s", 0.0)
+        seconds, calls = tools[step]
+        cells = [
+            str(step),
+            f"{rollout:.1f}",
+            f"{engine['prefill']:.1f}",
+            f"{engine['decode']:.1f}",
+            str(steps),
+            f"{max(rollout - busy, 0.0):.1f}",
+            str(calls),
+            f"{seconds:.1f}",
+            f"{m.get('rollout/sampled_tokens', 0.0):.0f}",
+            f"{m.get('rollout/tokens_per_s', 0.0):.0f}",
+            f"{m.get('rollout/turns', 0.0):.2f}",
+            f"{m.get('reward/mean', 0.0):+.2f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    worst = max(m["time/step_s"] for m in lines)
+    verdict = "yes" if worst <= TARGET_S else "no"
+    print(f"RL STEP  slowest {worst:.1f}s | target <= {TARGET_S:.0f}s per step: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
