@@ -17,19 +17,24 @@ def test_chat_prompt_sample_and_logprob_agreement(tmp_path):
         dialect = get_protocol("markdown")
         messages = dialect.initial_messages("What is 17 * 23?", tokenizer)
         prompt = dialect.render_prompt(tokenizer, messages)
-        response = client.sample(
-            ModelInput.from_ints(prompt),
-            2,
-            SamplingParams(max_tokens=16, seed=0, stop=dialect.stop_sequences(tokenizer)),
-        ).result(300)
-        for sequence in response.sequences:
-            assert 0 < len(sequence.tokens) <= 16 and sequence.text
-            ids = torch.tensor([prompt + list(sequence.tokens)])
-            with torch.no_grad():
-                logits = client.engine.model(input_ids=ids).logits[0].float().log_softmax(-1)
-            expected = [
-                float(logits[len(prompt) - 1 + i, t]) for i, t in enumerate(sequence.tokens)
-            ]
-            assert max(abs(a - b) for a, b in zip(expected, sequence.logprobs, strict=True)) <= 1e-4
+        stop = dialect.stop_sequences(tokenizer)
+        requests = [  # decoded in one batch: plain, top-p and greedy rows, two prompt lengths
+            (prompt, 2, SamplingParams(max_tokens=16, seed=0, stop=stop)),
+            (prompt, 2, SamplingParams(max_tokens=16, seed=1, stop=stop, top_p=0.9)),
+            (prompt[:-3], 1, SamplingParams(max_tokens=16, temperature=0.0, stop=stop)),
+        ]
+        with client.engine.paused():
+            futures = [client.sample(ModelInput.from_ints(p), n, s) for p, n, s in requests]
+        for (start, _, _), future in zip(requests, futures, strict=True):
+            for sequence in future.result(300).sequences:
+                assert 0 < len(sequence.tokens) <= 16 and sequence.text
+                ids = torch.tensor([start + list(sequence.tokens)])
+                with torch.no_grad():
+                    logits = client.engine.model(input_ids=ids).logits[0].float().log_softmax(-1)
+                expected = [
+                    float(logits[len(start) - 1 + i, t]) for i, t in enumerate(sequence.tokens)
+                ]
+                got = sequence.logprobs
+                assert max(abs(a - b) for a, b in zip(expected, got, strict=True)) <= 1e-4
     finally:
         client.close()
