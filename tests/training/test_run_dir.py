@@ -114,3 +114,14 @@ def test_custom_reward_function_is_loaded_and_checked():
         with pytest.raises(ConfigError, match=match):
             load_reward_function(bad)
     assert json.dumps(score("ab", "x").reward) == "1.0"
+
+
+def test_a_damaged_sampler_description_is_one_clear_error(tmp_path):
+    from retool.backends.local import LocalServiceClient
+    from retool.errors import BackendError
+
+    service = LocalServiceClient(checkpoint_root=tmp_path / "ckpt")
+    for text in ("{not json", '{"merged": true}', "[1, 2]"):
+        (tmp_path / "retool_sampler.json").write_text(text)
+        with pytest.raises(BackendError, match="not a valid sampler description"):
+            service.create_sampling_client(model_path=tmp_path)

@@ -490,14 +490,19 @@ class PeriodicEval:
     mid-evaluation is finished on ``--resume``) and sends ``eval/*`` to the
     tracker and ``log.txt``. The sampling seeds are fixed (``seed_step=0``),
     so every evaluation of a run samples the same way and differences between
-    steps are the policy's.
+    steps are the policy's. It samples with the run's own ``[rollout]``
+    settings (temperature, top_p, budgets); a standalone ``retool eval``
+    defaults to top_p 0.7, so pass the same settings to compare the two.
     """
 
     def __init__(self, config: RunConfig, session: Session, sandbox: Any, scorer: Any) -> None:
         from retool.evaluation import load_eval_examples
 
         cfg = config.train
+        from retool.reward import default_checker
+
         self.config, self.session, self.sandbox, self.scorer = config, session, sandbox, scorer
+        self.checker = None if scorer else default_checker(workers=config.reward.workers)
         self.every = cfg.eval_every
         self.dataset = cfg.eval_dataset or config.data.dev
         self.examples = (
@@ -530,10 +535,15 @@ class PeriodicEval:
                 self.config.rollout,
                 n=cfg.eval_n,
                 output=session.run.eval_path(step),
-                settings={"model": f"{session.run.path}@{step}", "dataset": self.dataset},
+                settings={
+                    "model": f"{session.run.path}@{step}",
+                    "checkpoint_step": step,
+                    "dataset": self.dataset,
+                },
                 progress=lambda event: session.display.advance(event.count),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
+                checker=self.checker,
             )
         finally:
             close = getattr(sampler, "close", None)

@@ -160,9 +160,15 @@ class LocalServiceClient:
         info_path = root / "retool_sampler.json"
         if not info_path.exists():
             raise BackendError(f"{root}: not a sampler checkpoint (no retool_sampler.json)")
-        info = json.loads(info_path.read_text())
-        base = info["base_model"]
-        if info["merged"]:
+        try:
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            base, merged = str(info["base_model"]), bool(info["merged"])
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise BackendError(
+                f"{info_path}: not a valid sampler description ({type(exc).__name__}: {exc}); "
+                "save the weights again with save_weights_for_sampler"
+            ) from None
+        if merged:
             model = load_model(str(root), dtype=self.dtype).to(self.device)
         else:
             from peft import PeftModel
