@@ -5,3 +5,14 @@ def even_length(text: str, reference: str) -> float:
     """+1 when the final text has an even number of characters, -1 otherwise."""
     del reference
     return 1.0 if len(text) % 2 == 0 else -1.0
+
+
+CALLS = {"n": 0}
+
+
+def even_length_then_fail(text: str, reference: str) -> float:
+    """``even_length`` for the first 8 calls (one step of 2 x 4), then a crash."""
+    CALLS["n"] += 1
+    if CALLS["n"] > 8:
+        raise RuntimeError("the reward service went away")
+    return even_length(text, reference)

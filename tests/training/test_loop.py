@@ -224,3 +224,19 @@ def test_sigterm_saves_the_last_completed_step_and_resume_finishes(tmp_path, uni
     weights = final_weights(run_dir, 2)
     for name in expected:
         torch.testing.assert_close(weights[name], expected[name], rtol=0, atol=1e-6)
+
+
+def test_an_exception_saves_the_last_completed_step_first(tmp_path):
+    from tests.training import rewards
+
+    rewards.CALLS["n"] = 0
+    config = load_config(
+        write_config(tmp_path),
+        ["train.save_every=0", 'reward.function="tests.training.rewards:even_length_then_fail"'],
+    )
+    with pytest.raises(RuntimeError, match="went away"):
+        train(config, run_dir=str(tmp_path / "run"), progress=False)
+    run = RunDirectory(tmp_path / "run")
+    assert run.completed_steps() == [1]
+    assert [r.step for r in run.checkpoints()] == [1]  # the emergency checkpoint
+    assert "before stopping" in run.log_path.read_text()
