@@ -251,3 +251,37 @@ def test_sample_tokens_inverse_cdf_and_filters():
         logits[:3], logprobs[:3], [0.0, 1.0, 2.0], [-1, 1, -1], [1.0, 1.0, 1.0], [0.99, 0.99, 0.0]
     )
     assert tokens.tolist() == [3, 3, 0]
+
+
+def _reference_token(row, temperature, top_k, top_p, uniform):
+    """The plain algorithm: sort the whole vocabulary, filter, inverse CDF."""
+    scores = row / temperature
+    if top_k > 0:
+        scores = scores.masked_fill(scores < torch.topk(scores, top_k).values[-1], float("-inf"))
+    ordered, order = torch.sort(scores, descending=True)
+    probs = torch.softmax(ordered, -1)
+    ordered = ordered.masked_fill(probs.cumsum(-1) - probs > top_p, float("-inf"))
+    cdf = torch.softmax(ordered, -1).cumsum(-1, dtype=torch.float64)
+    index = int(torch.searchsorted(cdf, torch.tensor([uniform * float(cdf[-1])]), right=True))
+    return int(order[min(index, len(cdf) - 1)])
+
+
+@pytest.mark.parametrize("spread", [4.0, 0.05])  # peaked: 1024 candidates suffice; flat: they don't
+def test_sample_tokens_top_p_matches_a_full_sort(spread):
+    from retool.backends.local.engine import sample_tokens
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = 5000
+    logits = torch.randn(8, vocab, generator=generator) * spread
+    logprobs = logits.log_softmax(-1)
+    temperatures = [0.7, 1.0, 1.3, 0.9, 1.0, 0.7, 1.1, 1.0]
+    top_ks = [-1, -1, 40, 2000, -1, 1500, -1, 3]
+    top_ps = [0.9, 0.5, 0.95, 0.8, 0.99, 1.0, 0.3, 1.0]
+    for uniform in [0.01, 0.3, 0.61, 0.97]:
+        uniforms = [uniform] * 8
+        got = sample_tokens(logits, logprobs, temperatures, top_ks, top_ps, uniforms).tolist()
+        want = [
+            _reference_token(logits[i], temperatures[i], top_ks[i], top_ps[i], uniform)
+            for i in range(8)
+        ]
+        assert got == want

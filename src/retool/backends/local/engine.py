@@ -50,6 +50,7 @@ from retool.types import SampledSequence, SampleResponse, SamplingParams, StopRe
 
 _SEED_STRIDE = 1_000_003
 _SPARE = 256  # cache slots allocated ahead of need (doubling beyond that)
+_TOP_P_CANDIDATES = 1024  # top-p looks at this many most likely tokens first
 
 
 @dataclass
@@ -445,21 +446,41 @@ def sample_tokens(
     if filtered:
         scores = pick(logits, filtered) / column(temperatures, filtered).to(logits.dtype)
         ks = [top_ks[i] if 0 < top_ks[i] < vocab else vocab for i in filtered]
+        ps = [top_ps[i] if top_ps[i] < 1.0 else float("inf") for i in filtered]
+        # Each row's full normaliser (over its top-k, or over the whole vocabulary).
+        norm = None
         widest = max(ks)
-        if widest < vocab:
-            ordered, order = torch.topk(scores, widest, dim=-1)  # sorted, descending
-        else:
-            ordered, order = torch.sort(scores, dim=-1, descending=True)
+        if widest > _TOP_P_CANDIDATES:
+            # Top-p rarely needs more than the most likely candidates: sort those only
+            # when their mass already exceeds every such row's top_p (the kept set is
+            # then the same as with a full sort), else sort the whole vocabulary.
+            ordered, order = torch.topk(scores, _TOP_P_CANDIDATES, dim=-1)
+            full = torch.logsumexp(scores, dim=-1, keepdim=True)
+            mass = (ordered - full).exp().sum(-1).tolist()
+            if all(k <= _TOP_P_CANDIDATES or m > p for k, m, p in zip(ks, mass, ps, strict=True)):
+                norm = full
+                if min(ks) <= _TOP_P_CANDIDATES:  # rows cut by top-k: normalise over their k
+                    norm = norm.clone()
+                    for row, k in enumerate(ks):
+                        if k <= _TOP_P_CANDIDATES:
+                            norm[row] = torch.logsumexp(ordered[row, :k], dim=-1)
+                ks = [min(k, _TOP_P_CANDIDATES) for k in ks]
+                widest = _TOP_P_CANDIDATES
+        if norm is None:
+            if widest < vocab:
+                ordered, order = torch.topk(scores, widest, dim=-1)  # sorted, descending
+            else:
+                ordered, order = torch.sort(scores, dim=-1, descending=True)
         if min(ks) < widest:
             rank = torch.arange(widest, device=logits.device).unsqueeze(0)
             keep = torch.tensor(ks, device=logits.device).unsqueeze(1)
             ordered = ordered.masked_fill(rank >= keep, float("-inf"))
-        probs = torch.softmax(ordered, dim=-1)
-        if any(top_ps[i] < 1.0 for i in filtered):
-            ps = [top_ps[i] if top_ps[i] < 1.0 else float("inf") for i in filtered]
+        if any(p < 1.0 for p in ps):
+            probs = torch.softmax(ordered, dim=-1) if norm is None else (ordered - norm).exp()
             limit = torch.tensor(ps, dtype=probs.dtype, device=logits.device).unsqueeze(1)
             drop = probs.cumsum(-1) - probs > limit  # the mass before a token already suffices
-            probs = torch.softmax(ordered.masked_fill(drop, float("-inf")), dim=-1)
+            ordered = ordered.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(ordered, dim=-1)
         chosen = _inverse_cdf(probs, column(uniforms, filtered))
         put(filtered, order.gather(1, chosen.unsqueeze(1)).squeeze(1))
     return tokens
