@@ -37,8 +37,14 @@ from retool.training.faults import crash_point
 from retool.training.run_dir import RunDirectory
 
 
-class Interrupted(RetoolError):
-    """SIGINT or SIGTERM: the run stopped after saving what it had."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the run stopped after saving what it had.
+
+    A ``KeyboardInterrupt`` (not an ``Exception``) on purpose: it can arrive
+    anywhere, including inside the ``except Exception`` of a retry loop or a
+    progress callback, and must never be swallowed or retried there; asyncio
+    also propagates it out of the event loop as it does Ctrl-C.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}; continue with --resume")
