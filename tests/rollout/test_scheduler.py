@@ -717,17 +717,3 @@ def test_a_custom_scorer_replaces_the_boxed_answer_reward(smol_tokenizer):
     assert [t.reward for t in result.trajectories] == [0.5, 0.5]
     assert all(t.answer == "1024" for t in result.trajectories)
 
-
-def test_an_interrupt_inside_the_progress_callback_is_not_swallowed(smol_tokenizer):
-    # SIGINT/SIGTERM arrive wherever the main thread is, often inside a callback.
-    def interrupted(event):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run(
-            ScriptedSampler(smol_tokenizer, code_then_answer),
-            FakeSandbox(lookup),
-            [Q1],
-            config(),
-            progress=interrupted,
-        )

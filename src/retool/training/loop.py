@@ -56,10 +56,12 @@ class InterruptGuard:
 
     def __init__(self) -> None:
         self.pending: int | None = None
+        self.fired: int | None = None  # the last signal, even if something swallowed it
         self._depth = 0
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: object) -> None:
+        self.fired = signum
         if self._depth:
             self.pending = signum
             return
@@ -75,6 +77,11 @@ class InterruptGuard:
         finally:
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
+
+    def check(self) -> None:
+        """Raise a signal that arrived but was lost (caught by third-party code)."""
+        if self.fired is not None:
+            raise Interrupted(self.fired)
 
     @contextlib.contextmanager
     def critical(self) -> Iterator[None]:
@@ -436,6 +443,7 @@ def train(
             if evaluation.pending(session.start):
                 evaluation.run(session.start)
             for step in session.steps():
+                session.guard.check()
                 display.new_step("sampling")
                 phases = Phases(display.phase)
                 batch = take_batch(examples, cfg.questions_per_batch, step - 1, config.data.seed)
@@ -470,6 +478,7 @@ def train(
                     close = getattr(sampler, "close", None)
                     if close is not None:
                         close()
+                session.guard.check()
                 with phases("datums"):
                     datums = build_training_datums(result.trajectories, cfg.max_train_tokens)
                     datums = scale_advantages(
