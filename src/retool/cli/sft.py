@@ -96,9 +96,9 @@ def _check_output(output: Path) -> None:
 
 
 def run_make_demos(args: argparse.Namespace) -> int:
+    from retool.backends import open_sandbox
     from retool.config import load_config
     from retool.data.demo import demo_problems
-    from retool.sandbox import LocalSandbox
     from retool.training.sft_data import make_demonstrations, write_conversations
 
     training = {
@@ -119,14 +119,7 @@ def run_make_demos(args: argparse.Namespace) -> int:
     _check_output(output)
     split = _demo_split(args.dataset)
     problems = demo_problems(split)[: args.limit]
-    limits = load_config().sandbox
-    with LocalSandbox(
-        timeout=limits.timeout,
-        memory_mb=limits.memory_mb,
-        max_workers=limits.max_workers,
-        isolation=limits.isolation,
-        max_output_bytes=limits.max_output_bytes,
-    ) as sandbox:
+    with open_sandbox(load_config().sandbox) as sandbox:
         conversations = make_demonstrations(problems, sandbox, seed=args.seed)
     kept = {c.id for c in conversations}
     skipped = [p.id for p in problems if p.id not in kept]
