@@ -716,4 +716,3 @@ def test_a_custom_scorer_replaces_the_boxed_answer_reward(smol_tokenizer):
     )
     assert [t.reward for t in result.trajectories] == [0.5, 0.5]
     assert all(t.answer == "1024" for t in result.trajectories)
-
