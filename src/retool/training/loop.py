@@ -8,8 +8,10 @@ Per step ``s`` (1-based; seeds and batches derive from it):
    advantages for the loss aggregation, pack micro-batches by padded area;
 4. ``forward_backward`` per micro-batch, then ONE ``optim_step`` (skipped and
    logged when nothing trains);
-5. write the step (rollouts file, then its metrics line: the commit point);
-6. checkpoint when due (state and sampler weights, then the manifest line).
+5. when a checkpoint is due, write its state and sampler directories;
+6. commit the step (rollouts file, then its metrics line), then the
+   checkpoint's manifest line: a kill between the two leaves a complete step
+   whose checkpoint does not exist yet, never a checkpoint without its step.
 
 Every phase is timed (``time/<phase>_s`` in the metrics) so an idle phase
 shows. Interrupts (SIGINT, SIGTERM) are deferred while the weights and the
