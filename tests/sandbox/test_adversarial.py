@@ -8,27 +8,15 @@ import time
 import pytest
 
 from retool.sandbox import ErrorKind, IsolationLevel, LocalSandbox
+from tests.sandbox.helpers import procs_with
 
 ROOT = os.geteuid() == 0
-
-
-def _procs_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if marker.encode() in handle.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def _gone(marker: str, within: float = 5.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not _procs_with(marker):
+        if not procs_with(marker):
             return True
         time.sleep(0.05)
     return False

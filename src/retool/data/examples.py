@@ -60,7 +60,8 @@ def _example_from_record(record: Any, where: str) -> MathExample:
     )
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+def iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    """``("path:line", record)`` per non-blank line; a bad line is a ``DataError`` there."""
     try:
         handle = path.open("r", encoding="utf-8")
     except OSError as exc:
@@ -98,7 +99,7 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
         raise DataError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix in {".jsonl", ".json", ".ndjson"}:
-        records: Iterable[tuple[str, Any]] = _iter_jsonl(path)
+        records: Iterable[tuple[str, Any]] = iter_jsonl(path)
     elif suffix in {".parquet", ".pq"}:
         records = _iter_parquet(path)
     else:

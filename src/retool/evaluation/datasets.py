@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.data.examples import MathExample
+from retool.data.examples import MathExample, iter_jsonl
 from retool.errors import DataError
 
 QUESTION_FIELDS = ("question", "problem")
@@ -46,23 +46,6 @@ class FieldNames:
 
     def to_dict(self) -> dict[str, str | None]:
         return {"question": self.question, "answer": self.answer, "id": self.id}
-
-
-def _rows_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    try:
-        handle = path.open("r", encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open ({exc.strerror})") from None
-    with handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
 
 
 def _rows_table(table: Any, where: str) -> Iterator[tuple[str, Any]]:
@@ -227,7 +210,7 @@ def load_eval_examples(
     else:
         suffix = path.suffix.lower()
         if suffix in {".jsonl", ".json", ".ndjson"}:
-            examples = _examples(_rows_jsonl(path), fields, source)
+            examples = _examples(iter_jsonl(path), fields, source)
         elif suffix in {".parquet", ".pq"}:
             examples = _examples(_rows_table(_read_parquet(path), str(path)), fields, source)
         else:
