@@ -137,6 +137,16 @@ def test_a_non_root_trainer_gets_a_working_sandbox():
     with open(script, "w") as handle:
         handle.write(_NONROOT_SCRIPT)
     os.chmod(script, 0o644)
+    # A copy of the package the unprivileged user can read: the checkout itself may sit
+    # under a private directory (a clone in a `mktemp -d` folder is mode 0700).
+    source = os.path.join(where, "src")
+    shutil.copytree(
+        SRC / "retool", os.path.join(source, "retool"), ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for root, _dirs, files in os.walk(source):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
 
     def drop() -> None:
         os.setgroups([])
@@ -145,7 +155,7 @@ def test_a_non_root_trainer_gets_a_working_sandbox():
 
     try:
         out = subprocess.run(
-            [python, script, str(SRC)],
+            [python, script, source],
             capture_output=True,
             text=True,
             cwd="/tmp",

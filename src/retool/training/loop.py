@@ -24,6 +24,7 @@ when the state is consistent, then propagates.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import sys
 import threading
@@ -69,14 +70,33 @@ class InterruptGuard:
             return
         raise Interrupted(signum)
 
+    def _unraisable(self, info: Any) -> None:
+        # A signal that lands in a finalizer is "ignored" there; check() re-raises it at
+        # the next step boundary, so Python's traceback for it would only alarm the user.
+        if not isinstance(info.exc_value, Interrupted):
+            self._previous_unraisable(info)
+
+    @staticmethod
+    def _not_interrupted(record: logging.LogRecord) -> bool:
+        # asyncio logs "Task exception was never retrieved" with a traceback for a task the
+        # interrupt left behind; the interrupt itself is reported once, by the CLI.
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, Interrupted)
+
     @contextlib.contextmanager
     def installed(self) -> Iterator[InterruptGuard]:
         if threading.current_thread() is threading.main_thread():  # signals only work there
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)
+        self._previous_unraisable = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
+        asyncio_log = logging.getLogger("asyncio")
+        asyncio_log.addFilter(self._not_interrupted)
         try:
             yield self
         finally:
+            asyncio_log.removeFilter(self._not_interrupted)
+            sys.unraisablehook = self._previous_unraisable
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
 
