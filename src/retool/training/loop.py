@@ -54,6 +54,38 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+def _not_interrupted(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, Interrupted)
+
+
+_QUIETED = False
+
+
+def _quiet_leftover_interrupts() -> None:
+    """Keep an interrupt from printing tracebacks after it has been handled.
+
+    The interrupted rollout leaves asyncio tasks holding the exception; when
+    they are collected (often after the run has returned) asyncio logs "Task
+    exception was never retrieved" with a traceback, and a signal that lands in
+    a finalizer is printed as "Exception ignored". The interrupt is reported
+    once, by the CLI, so both are dropped for the rest of the process; every
+    other record and unraisable exception passes through unchanged.
+    """
+    global _QUIETED
+    if _QUIETED:
+        return
+    _QUIETED = True
+    logging.getLogger("asyncio").addFilter(_not_interrupted)
+    previous = sys.unraisablehook
+
+    def hook(info: Any) -> None:
+        if not isinstance(info.exc_value, Interrupted):
+            previous(info)
+
+    sys.unraisablehook = hook
+
+
 class InterruptGuard:
     """Turns SIGINT/SIGTERM into :class:`Interrupted`, deferred inside ``critical()``."""
 
@@ -70,33 +102,15 @@ class InterruptGuard:
             return
         raise Interrupted(signum)
 
-    def _unraisable(self, info: Any) -> None:
-        # A signal that lands in a finalizer is "ignored" there; check() re-raises it at
-        # the next step boundary, so Python's traceback for it would only alarm the user.
-        if not isinstance(info.exc_value, Interrupted):
-            self._previous_unraisable(info)
-
-    @staticmethod
-    def _not_interrupted(record: logging.LogRecord) -> bool:
-        # asyncio logs "Task exception was never retrieved" with a traceback for a task the
-        # interrupt left behind; the interrupt itself is reported once, by the CLI.
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, Interrupted)
-
     @contextlib.contextmanager
     def installed(self) -> Iterator[InterruptGuard]:
         if threading.current_thread() is threading.main_thread():  # signals only work there
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)
-        self._previous_unraisable = sys.unraisablehook
-        sys.unraisablehook = self._unraisable
-        asyncio_log = logging.getLogger("asyncio")
-        asyncio_log.addFilter(self._not_interrupted)
+        _quiet_leftover_interrupts()
         try:
             yield self
         finally:
-            asyncio_log.removeFilter(self._not_interrupted)
-            sys.unraisablehook = self._previous_unraisable
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
 
