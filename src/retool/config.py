@@ -150,13 +150,27 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """Limits of one code execution."""
+    """Where and with which limits model code runs.
+
+    ``backend = "local"`` runs it in :class:`~retool.sandbox.LocalSandbox` on
+    this machine; ``"sandboxfusion"`` sends it to a SandboxFusion service at
+    ``url`` (:class:`~retool.sandbox.fusion.FusionSandbox`), with the same
+    results, limits and auto-print. ``isolation`` is the local sandbox's
+    setting (the service isolates as it is deployed, so only ``auto`` is
+    accepted there); ``url`` and the ``request_*`` settings are read by the
+    service client only and ignored by the local sandbox.
+    """
 
     timeout: float = 10.0  # wall-clock seconds per call
-    memory_mb: int = 1024  # address-space cap per call
-    max_workers: int = 8  # calls running at once
+    memory_mb: int = 1024  # memory cap per call (sent as memory_limit_MB to the service)
+    max_workers: int = 8  # calls running at once (HTTP requests in flight, for the service)
     max_output_bytes: int = 16384  # kept of stdout and of stderr (the tail)
-    isolation: str = "auto"  # auto | strict | none
+    isolation: str = "auto"  # local: auto | strict | none
+    backend: str = "local"  # local | sandboxfusion
+    url: str = ""  # sandboxfusion: the service's http(s) base URL or its /run_code endpoint
+    request_slack: float = 60.0  # sandboxfusion: seconds a reply may take beyond timeout
+    request_retries: int = 3  # sandboxfusion: extra attempts after a transport failure
+    request_backoff: float = 0.5  # sandboxfusion: seconds before the first retry; doubles
 
     def __post_init__(self) -> None:
         _positive("sandbox", "timeout", self.timeout)
@@ -167,6 +181,23 @@ class SandboxConfig:
             raise ConfigError(
                 f"sandbox.isolation must be auto, strict or none; got {self.isolation!r}"
             )
+        if self.backend not in {"local", "sandboxfusion"}:
+            raise ConfigError(
+                f"sandbox.backend must be local or sandboxfusion; got {self.backend!r}"
+            )
+        _positive("sandbox", "request_slack", self.request_slack)
+        _at_least("sandbox", "request_retries", self.request_retries, 0)
+        _at_least("sandbox", "request_backoff", self.request_backoff, 0)
+        if self.backend == "sandboxfusion":
+            from retool.sandbox.fusion import parse_endpoint
+
+            parse_endpoint(self.url, "sandbox.url")
+            if self.isolation != "auto":
+                raise ConfigError(
+                    f"sandbox.isolation = {self.isolation!r} applies to the local sandbox only; "
+                    'with sandbox.backend = "sandboxfusion" the service isolates calls as it is '
+                    'deployed: leave sandbox.isolation = "auto"'
+                )
 
 
 @dataclass(frozen=True)

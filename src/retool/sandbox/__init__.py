@@ -4,8 +4,11 @@
 inside fresh namespaces with a read-only root, no network, an empty
 environment and per-call limits; ``format_tool_content`` turns the result into
 the observation the model reads. See ``server.py`` for the process tree.
+``FusionSandbox`` (``fusion.py``) gives the same interface and results over a
+SandboxFusion service's HTTP ``run_code`` API.
 """
 
+from retool.sandbox.fusion import FusionSandbox
 from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox, sandbox_env
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
 from retool.sandbox.stats import SandboxStats
@@ -14,6 +17,7 @@ __all__ = [
     "DEFAULT_PRELOAD",
     "ErrorKind",
     "ExecResult",
+    "FusionSandbox",
     "IsolationLevel",
     "LocalSandbox",
     "SandboxStats",

@@ -1,0 +1,551 @@
+"""``FusionSandbox``: model code run by a SandboxFusion service over HTTP.
+
+Same interface and results as :class:`~retool.sandbox.LocalSandbox` (``run``,
+``arun``, ``close``, ``stats``, ``timeout``...), so ``sandbox.backend =
+"sandboxfusion"`` changes nothing else in a run. One ``POST /run_code`` per
+call, with the request and response shape of SandboxFusion's ``RunCodeRequest``
+/ ``RunCodeResponse`` (``sandbox_fusion/models.py`` of the ``sandbox-fusion``
+0.3.7 client, and ``sandbox/server/sandbox_api.py`` of the service)::
+
+    -> {"code", "language": "python", "run_timeout", "compile_timeout",
+        "memory_limit_MB", "stdin", "files": {}, "fetch_files": []}
+    <- {"status": "Success" | "Failed" | "SandboxError", "message",
+        "compile_result": null, "run_result": {"status": "Finished" |
+        "TimeLimitExceeded" | "Error", "execution_time", "return_code",
+        "stdout", "stderr"}, ...}
+
+The service answers HTTP 200 even for ``SandboxError`` (its runner failed, not
+the code); ``Failed`` means the code exited non-zero or hit ``run_timeout``.
+``memory_limit_MB`` is only known to newer services; older ones ignore it.
+
+**Plain HTTP, not the ``sandbox-fusion`` client.** That package retries every
+exception (also a 4xx) up to five times with waits of up to a minute, opens a
+new connection (``requests.post``) or a new ``aiohttp`` session per call, so
+nothing is pooled, and pulls in ``aiohttp``, ``tenacity`` and pydantic. Its
+models lack ``memory_limit_MB``. The standard library's ``http.client`` does
+what we need with no new dependency: a pool of keep-alive connections (at most
+``max_workers``, one per call in flight), our own retry rules, and a socket we
+can shut down from ``close()``.
+
+**Same code, same output.** The snippet is sent wrapped in a small driver
+(:func:`remote_program`) that runs it exactly as the local fork server does:
+compiled as ``<code>`` after the same AST auto-print
+(:mod:`retool.sandbox.autoprint`, shipped as source), the same traceback with
+the harness's frame dropped, ``SystemExit`` handling and exit status, and the
+local calls' thread caps and matplotlib backend in ``os.environ``. Output is
+cut to the tail of ``max_output_bytes`` and sanitized as locally. What
+differs is the service's: its interpreter and packages (nothing is
+preloaded, so ``import sympy`` counts against the timeout), its isolation
+(reported as ``"remote"``, never checked by us), and memory kills, which are
+inferred from the exit status (SIGKILL, also as shell status 137) since no
+cgroup counter is visible from here.
+
+**Retries on transport failures only**, with exponential backoff and jitter:
+a refused or dropped connection, an HTTP 5xx, or a ``SandboxError`` reply.
+A reply that says the code ran (``Success``/``Failed``) is final, a 4xx is
+final, and a call with no reply within ``timeout + request_slack`` is not
+repeated (it already waited its whole budget). A call that still fails
+returns ``ErrorKind.SANDBOX``, which the rollout retries and then excludes,
+as for the local sandbox. A pooled connection the server closed while idle is
+replaced at once, without counting as a retry. Calls are stateless on the
+service, so running a snippet again has no effect the model could see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import logging
+import random
+import socket
+import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from retool.errors import ConfigError, SandboxError
+from retool.protocol.sanitize import sanitize_observation
+from retool.sandbox.local import sandbox_env
+from retool.sandbox.result import ErrorKind, ExecResult
+from retool.sandbox.server import MAX_FILE_BYTES
+from retool.sandbox.stats import SandboxStats
+
+log = logging.getLogger(__name__)
+
+ISOLATION = "remote"  # ExecResult.isolation: whatever the service provides
+MAX_REPLY_BYTES = 4 * MAX_FILE_BYTES + (1 << 20)  # both streams at the local cap, JSON-escaped
+_MAX_BACKOFF_S = 30.0
+_SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  # as LocalSandbox
+
+# What the local sandbox sets for every call that matters on another machine too: one
+# thread per numeric library, a headless matplotlib.
+_CALL_ENV = {
+    k: v for k, v in sandbox_env().items() if k.endswith("_NUM_THREADS") or k == "MPLBACKEND"
+}
+_AUTOPRINT_SOURCE = (Path(__file__).resolve().parent / "autoprint.py").read_text(encoding="utf-8")
+# The local fork server's _run_code (server.py), for a plain interpreter that runs
+# this file; Python 3.8+ syntax (the service's interpreter may be older than ours).
+_DRIVER = """
+import builtins, contextlib, os, sys, traceback
+
+os.environ.update(_ENV)  # before the code imports numpy & co., which read them once
+
+
+def _run_code(code, add_autoprint):
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.argv = ["<code>"]
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    status = 0
+    try:
+        exec(compile(add_autoprint(code), "<code>", "exec"), namespace)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        etype, value, tb = sys.exc_info()
+        traceback.print_exception(etype, value, tb.tb_next if tb else None)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return status
+
+
+_autoprint = {"__name__": "retool_autoprint"}
+exec(compile(_AUTOPRINT, "<retool-autoprint>", "exec"), _autoprint)
+os._exit(_run_code(_CODE, _autoprint["add_autoprint"]) & 0xFF)
+"""
+
+
+def remote_program(code: str) -> str:
+    """The Python file sent for ``code``: the driver above with the code as an ASCII literal.
+
+    ASCII so the service's file encoding cannot matter; ``ascii()`` is lossless.
+    """
+    return f"_AUTOPRINT = {_AUTOPRINT_SOURCE!a}\n_CODE = {code!a}\n_ENV = {_CALL_ENV!a}\n{_DRIVER}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where ``POST /run_code`` goes."""
+
+    url: str  # as configured, for messages
+    https: bool  # TLS (certificates checked against the system store)
+    host: str  # host name or address
+    port: int  # TCP port
+    path: str  # request target: ".../run_code" plus the query, if any
+
+
+def parse_endpoint(url: str, field: str = "sandbox.url") -> Endpoint:
+    """``url`` (the service's base URL or its ``/run_code`` endpoint), checked.
+
+    Raises ``ConfigError`` naming ``field``: http(s) only, a host, a valid port,
+    no credentials (they would show up in every error message).
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(
+            f'{field} is required with sandbox.backend = "sandboxfusion" '
+            "(for example http://localhost:8080)"
+        )
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{field} must be an http:// or https:// URL, got {url!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{field} has an invalid port: {url!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"{field} must name a host, got {url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(f"{field} must not contain credentials (user:password@)")
+    if parts.fragment:
+        raise ConfigError(f"{field} must not have a #fragment, got {url!r}")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/run_code"):
+        path += "/run_code"
+    if parts.query:
+        path += "?" + parts.query
+    https = parts.scheme == "https"
+    return Endpoint(url, https, parts.hostname, port or (443 if https else 80), path)
+
+
+class _Retry(Exception):
+    """A transport failure: the call may be sent again."""
+
+
+class _Final(Exception):
+    """An infrastructure failure that another attempt would not fix."""
+
+
+class _TooLarge(Exception):
+    """The reply exceeds ``MAX_REPLY_BYTES``: the code printed too much."""
+
+
+class FusionSandbox:
+    """Runs snippets on a SandboxFusion service; the interface of ``LocalSandbox``."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 30.0,
+        memory_mb: int = 1024,
+        max_workers: int = 8,
+        max_output_bytes: int = 16384,
+        request_slack: float = 60.0,
+        request_retries: int = 3,
+        request_backoff: float = 0.5,
+        connect_timeout: float = 10.0,
+        check: bool = True,
+    ) -> None:
+        """Connect to ``url`` and, with ``check``, run one test snippet there.
+
+        Raises ``ConfigError`` for a bad setting and ``SandboxError`` when the
+        service cannot be reached or cannot run the test snippet (wrong URL,
+        service down), so a misconfigured run fails before its first step.
+        """
+        if timeout <= 0:
+            raise ConfigError(f"sandbox timeout must be > 0 seconds, got {timeout}")
+        if memory_mb <= 0:
+            raise ConfigError(f"sandbox memory_mb must be > 0, got {memory_mb}")
+        if max_workers <= 0:
+            raise ConfigError(f"sandbox max_workers must be >= 1, got {max_workers}")
+        if max_output_bytes <= 0:
+            raise ConfigError(f"sandbox max_output_bytes must be > 0, got {max_output_bytes}")
+        if request_slack <= 0 or connect_timeout <= 0:
+            raise ConfigError("sandbox request_slack and connect_timeout must be > 0 seconds")
+        if request_retries < 0 or request_backoff < 0:
+            raise ConfigError("sandbox request_retries and request_backoff must be >= 0")
+        self.endpoint = parse_endpoint(url)
+        self.url = self.endpoint.url
+        self.timeout = float(timeout)
+        self.memory_mb = int(memory_mb)
+        self.max_workers = int(max_workers)
+        self.max_output_bytes = int(max_output_bytes)
+        self.request_slack = float(request_slack)
+        self.request_retries = int(request_retries)
+        self.request_backoff = float(request_backoff)
+        self.connect_timeout = float(connect_timeout)
+        self.stats = SandboxStats()
+        # What LocalSandbox reports about its isolation; here the service's business.
+        self.isolation_level = ISOLATION
+        self.degraded = False
+        self.missing: list[str] = []
+        self.preloaded: list[str] = []
+        self.connections_opened = 0  # TCP connections made (at most max_workers live)
+        self.attempts = 0  # HTTP requests sent, retries included
+        self._slots = threading.BoundedSemaphore(self.max_workers)
+        self._idle: list[http.client.HTTPConnection] = []
+        self._active: set[http.client.HTTPConnection] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._jitter = random.Random()
+        self._tls = ssl.create_default_context() if self.endpoint.https else None
+        self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandboxfusion")
+        if check:
+            try:
+                self._check()
+            except BaseException:
+                self.close()
+                raise
+
+    def _check(self) -> None:
+        probe = self._execute("print(6 * 7)", self.timeout)
+        if probe.error_kind == ErrorKind.SANDBOX:
+            raise SandboxError(f"cannot use sandbox.url: {probe.stderr}")
+        if not probe.ok or probe.stdout != "42\n":
+            detail = (probe.stderr or probe.stdout).strip()[-300:]
+            raise SandboxError(
+                f"SandboxFusion at {self.url} could not run a test snippet "
+                f"({probe.error_kind or 'wrong output'}): {detail}"
+            )
+
+    # -- running code ---------------------------------------------------------
+    def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` on the service and wait for its result.
+
+        Infrastructure failures come back as ``ErrorKind.SANDBOX`` results
+        (after this client's transport retries); raises ``SandboxError`` only
+        after (or during) ``close()``.
+        """
+        self._check_open()
+        limit = self.timeout if timeout is None else float(timeout)
+        if limit <= 0:
+            raise ConfigError(f"sandbox timeout must be > 0 seconds, got {limit}")
+        result = self._execute(code, limit)
+        self.stats.record(result)
+        return result
+
+    async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
+        """``run`` from an event loop, without blocking it."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.run, code, timeout)
+
+    def _execute(self, code: str, limit: float) -> ExecResult:
+        payload = {
+            "code": remote_program(code),
+            "language": "python",
+            "run_timeout": limit,
+            "compile_timeout": limit,
+            "memory_limit_MB": self.memory_mb,
+            "stdin": None,
+            "files": {},
+            "fetch_files": [],
+        }
+        body = json.dumps(payload).encode()
+        started = time.monotonic()
+        try:
+            reply = self._call(body, limit + self.request_slack)
+        except _Final as exc:
+            return self._failure(str(exc), time.monotonic() - started)
+        except _TooLarge:
+            return ExecResult(
+                ok=False,
+                stdout="",
+                stderr="",
+                returncode=None,
+                timed_out=False,
+                latency_s=time.monotonic() - started,
+                truncated=True,
+                error_kind=ErrorKind.OUTPUT,
+                isolation=ISOLATION,
+            )
+        return self._to_result(reply, time.monotonic() - started)
+
+    def _call(self, body: bytes, read_timeout: float) -> dict[str, Any]:
+        """The service's reply to ``body``, after at most ``request_retries`` retries."""
+        attempts = 1 + self.request_retries
+        why = ""
+        for attempt in range(attempts):
+            if attempt:
+                delay = min(_MAX_BACKOFF_S, self.request_backoff * 2 ** (attempt - 1))
+                if self._closed.wait(delay * (0.5 + 0.5 * self._jitter.random())):
+                    self._check_open()
+                log.warning("retrying a SandboxFusion call (%d/%d): %s", attempt, attempts - 1, why)
+            with self._slots:
+                self._check_open()
+                try:
+                    status, data = self._exchange(body, read_timeout)
+                except _Retry as exc:
+                    why = str(exc)
+                    continue
+            if status >= 500:
+                why = f"SandboxFusion answered HTTP {status}: {_excerpt(data)}"
+                continue
+            if status != 200:
+                hint = " (is sandbox.url the service's address?)" if status in (404, 405) else ""
+                raise _Final(f"SandboxFusion answered HTTP {status}{hint}: {_excerpt(data)}")
+            try:
+                reply = json.loads(data)
+                outcome = reply["status"]
+            except (ValueError, TypeError, KeyError):
+                raise _Final(f"SandboxFusion sent a malformed reply: {_excerpt(data)}") from None
+            if outcome == "SandboxError":
+                why = f"SandboxFusion reported SandboxError: {_excerpt(reply.get('message'))}"
+                continue
+            return reply
+        raise _Final(f"{why} (after {attempts} attempt{'s' * (attempts > 1)})")
+
+    def _exchange(self, body: bytes, read_timeout: float) -> tuple[int, bytes]:
+        """One POST: (HTTP status, body). Raises ``_Retry`` when nothing came back.
+
+        A pooled connection that fails before the reply's first byte was most
+        likely closed by the server while idle: one fresh connection follows
+        at once, not counted as a retry.
+        """
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        for fresh in (False, True):
+            conn, reused = self._checkout(fresh)
+            try:
+                self._connect(conn)
+                conn.sock.settimeout(read_timeout)
+                try:
+                    with self._lock:
+                        self.attempts += 1
+                    conn.request("POST", self.endpoint.path, body, headers)
+                    response = conn.getresponse()
+                    data = response.read(MAX_REPLY_BYTES + 1)
+                except TimeoutError:
+                    raise _Final(
+                        f"no reply from SandboxFusion at {self.url} within {read_timeout:g} s"
+                    ) from None
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                    self._check_open()
+                    if reused and not fresh:
+                        self._discard(conn)
+                        continue
+                    raise _Retry(f"SandboxFusion at {self.url} dropped the connection") from None
+                except (OSError, http.client.HTTPException) as exc:
+                    self._check_open()
+                    raise _Retry(
+                        f"the exchange with SandboxFusion failed: {_reason(exc)}"
+                    ) from None
+                if len(data) > MAX_REPLY_BYTES:
+                    raise _TooLarge()
+            except BaseException:
+                self._discard(conn)
+                raise
+            if response.will_close:
+                self._discard(conn)
+            else:
+                self._checkin(conn)
+            return response.status, data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the connection pool ----------------------------------------------------
+    def _connect(self, conn: http.client.HTTPConnection) -> None:
+        """Open ``conn`` unless it is a pooled one; nothing is sent yet, so a failure retries."""
+        if conn.sock is not None:
+            return
+        try:
+            conn.connect()
+        except ssl.SSLError as exc:  # a certificate or protocol mismatch does not go away
+            raise _Final(f"TLS with SandboxFusion at {self.url} failed: {_reason(exc)}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self._check_open()
+            raise _Retry(f"cannot connect to SandboxFusion at {self.url}: {_reason(exc)}") from None
+        with self._lock:
+            self.connections_opened += 1
+
+    def _checkout(self, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            self._check_open()
+            conn = None if fresh or not self._idle else self._idle.pop()
+            if conn is None:
+                ep = self.endpoint
+                if self._tls is not None:
+                    conn = http.client.HTTPSConnection(
+                        ep.host, ep.port, timeout=self.connect_timeout, context=self._tls
+                    )
+                else:
+                    conn = http.client.HTTPConnection(
+                        ep.host, ep.port, timeout=self.connect_timeout
+                    )
+                reused = False
+            else:
+                reused = True
+            self._active.add(conn)
+            return conn, reused
+
+    def _checkin(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._active.discard(conn)
+            if self._closed.is_set():
+                conn.close()
+            else:
+                self._idle.append(conn)
+
+    def _discard(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._active.discard(conn)
+        conn.close()
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise SandboxError("the sandbox is closed")
+
+    # -- results ----------------------------------------------------------------
+    def _failure(self, why: str, latency: float) -> ExecResult:
+        return ExecResult(
+            False, "", why, None, False, latency, False, ErrorKind.SANDBOX, isolation=ISOLATION
+        )
+
+    def _tail(self, text: Any) -> tuple[str, bool, int]:
+        """(the last ``max_output_bytes`` bytes, sanitized; whether cut; the full size)."""
+        data = (text if isinstance(text, str) else "").encode("utf-8", errors="replace")
+        kept = data[-self.max_output_bytes :]
+        return (
+            sanitize_observation(kept.decode("utf-8", errors="replace")),
+            len(kept) < len(data),
+            len(data),
+        )
+
+    def _to_result(self, reply: dict[str, Any], latency: float) -> ExecResult:
+        """The result, classified like the local sandbox's from what the service reports."""
+        run = reply.get("run_result")
+        if reply["status"] not in ("Success", "Failed") or not isinstance(run, dict):
+            return self._failure(
+                f"SandboxFusion reply without a run result (status {reply['status']!r}): "
+                f"{_excerpt(reply.get('message'))}",
+                latency,
+            )
+        stdout, out_cut, out_size = self._tail(run.get("stdout"))
+        stderr, err_cut, err_size = self._tail(run.get("stderr"))
+        code = run.get("return_code")
+        kind: ErrorKind | None
+        if run.get("status") == "TimeLimitExceeded":
+            kind, code = ErrorKind.TIMEOUT, -9
+        elif run.get("status") != "Finished" or not isinstance(code, int):
+            return self._failure(
+                f"SandboxFusion run status {run.get('status')!r}, return code {code!r}", latency
+            )
+        elif max(out_size, err_size) >= MAX_FILE_BYTES:
+            kind = ErrorKind.OUTPUT  # past the local file cap; there the write would have failed
+        elif code == 0:
+            kind = None
+        elif code < 0 or 128 < code <= 128 + 64:  # a signal, seen directly or through a shell
+            code = code if code < 0 else -(code - 128)
+            kind = _SIGNALS.get(-code, ErrorKind.CRASH)
+        else:
+            kind = ErrorKind.ERROR
+        return ExecResult(
+            ok=kind is None,
+            stdout=stdout,
+            stderr=stderr,
+            returncode=code,
+            timed_out=kind == ErrorKind.TIMEOUT,
+            latency_s=latency,
+            truncated=out_cut or err_cut,
+            error_kind=kind,
+            isolation=ISOLATION,
+            degraded=False,
+        )
+
+    # -- lifecycle --------------------------------------------------------------
+    def close(self) -> None:
+        """Abort every call in flight (their ``run`` raises ``SandboxError``) and drop
+        the pool; returns at once. What already runs on the service runs to its end."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            idle, self._idle = self._idle, []
+            active = list(self._active)
+        for conn in idle:
+            conn.close()
+        for conn in active:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._executor.shutdown(wait=False)
+
+    def __enter__(self) -> FusionSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _excerpt(value: Any, limit: int = 300) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    text = " ".join(str(value if value is not None else "").split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

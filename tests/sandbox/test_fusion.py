@@ -1,0 +1,453 @@
+"""FusionSandbox against a small SandboxFusion stand-in on 127.0.0.1.
+
+The stand-in speaks the documented ``POST /run_code`` shape
+(``sandbox_fusion/models.py``, whose pydantic models validate every request
+and reply when the ``sandbox-fusion`` package is installed) and runs the code
+as SandboxFusion's python runner does (``python <file>`` with
+``run_timeout``), so tracebacks, auto-print and timeouts are real. Faults
+(5xx, dropped connections, ``SandboxError`` replies, canned run results) are
+queued per test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import pytest
+
+from retool.backends import open_sandbox
+from retool.config import SandboxConfig, load_config
+from retool.errors import ConfigError, SandboxError
+from retool.sandbox import ErrorKind, FusionSandbox, format_tool_content
+from retool.sandbox.fusion import parse_endpoint, remote_program
+
+try:  # the documented shapes, from the sandbox-fusion client package when it is installed
+    from sandbox_fusion.models import RunCodeRequest, RunCodeResponse
+except ImportError:  # pragma: no cover - the stand-in then checks the fields by hand
+    RunCodeRequest = RunCodeResponse = None
+
+
+class FakeFusion(http.server.ThreadingHTTPServer):
+    """A SandboxFusion stand-in: counts requests, connections and concurrency."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.faults: deque[Any] = deque()  # consumed one per request
+        self.requests: list[dict[str, Any]] = []
+        self.connections = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.gather = 0  # hold the first runs until this many are in flight (or 10 s)
+        self.cond = threading.Condition()
+        self.procs: set[subprocess.Popen[bytes]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.cond:
+            self.connections += 1
+        super().process_request(request, client_address)
+
+    def execute(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """What SandboxFusion's ``run_python`` + ``run_command_bare`` report."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "code.py")
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(payload["code"])
+            proc = subprocess.Popen(
+                [sys.executable, path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=tmp,
+            )
+            with self.cond:
+                self.procs.add(proc)
+            started = time.monotonic()
+            try:
+                out, err = proc.communicate(timeout=payload["run_timeout"])
+                run = {"status": "Finished", "return_code": proc.returncode}
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                run = {"status": "TimeLimitExceeded", "return_code": None}
+            finally:
+                with self.cond:
+                    self.procs.discard(proc)
+        run.update(
+            execution_time=time.monotonic() - started,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+        )
+        ok = run["status"] == "Finished" and run["return_code"] == 0
+        return reply("Success" if ok else "Failed", run)
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with self.cond:
+            for proc in self.procs:
+                proc.kill()
+
+
+def reply(status: str, run: dict[str, Any] | None, message: str = "") -> dict[str, Any]:
+    return {
+        "status": status,
+        "message": message,
+        "compile_result": None,
+        "run_result": run,
+        "executor_pod_name": None,
+        "files": {},
+    }
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn
+    server: FakeFusion
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: dict[str, Any] | str) -> None:
+        if RunCodeResponse is not None and isinstance(body, dict) and status == 200:
+            RunCodeResponse(**body)  # the stand-in's replies keep to the documented shape
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        server = self.server
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/run_code":
+            return self._send(404, {"detail": "Not Found"})
+        if not isinstance(payload.get("code"), str) or payload.get("language") != "python":
+            return self._send(422, {"detail": "invalid request"})
+        if RunCodeRequest is not None:
+            RunCodeRequest(**payload)  # raises (and the test fails) on a malformed request
+        with server.cond:
+            server.requests.append(payload)
+            fault = server.faults.popleft() if server.faults else None
+        if fault == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if isinstance(fault, int):
+            return self._send(fault, "upstream unavailable")
+        if isinstance(fault, dict):
+            return self._send(200, fault)
+        with server.cond:
+            server.in_flight += 1
+            server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            server.cond.notify_all()
+            if server.gather:
+                server.cond.wait_for(lambda: server.in_flight >= server.gather, timeout=10)
+                server.gather = 0
+        try:
+            self._send(200, server.execute(payload))
+        finally:
+            with server.cond:
+                server.in_flight -= 1
+
+
+@pytest.fixture
+def fusion():
+    server = FakeFusion()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.stop()
+
+
+def client(server: FakeFusion, **kwargs: Any) -> FusionSandbox:
+    """A client without the start-up test snippet (one interpreter less per test)."""
+    settings = {"timeout": 5.0, "max_workers": 2, "request_backoff": 0.01, "check": False}
+    settings.update(kwargs)
+    return FusionSandbox(server.url, **settings)
+
+
+# -- what the model sees ------------------------------------------------------------
+
+
+def test_success_sends_the_documented_request(fusion):
+    with client(fusion, memory_mb=300, check=True) as sb:  # runs the start-up snippet too
+        result = sb.run("print('hello')\nprint(6 * 7)")
+    assert result.ok and result.error_kind is None
+    assert result.stdout == "hello\n42\n" and result.returncode == 0
+    assert result.isolation == "remote" and not result.truncated
+    payload = fusion.requests[-1]
+    assert payload["language"] == "python" and payload["memory_limit_MB"] == 300
+    assert payload["run_timeout"] == 5.0
+    assert payload["code"] == remote_program("print('hello')\nprint(6 * 7)")
+
+
+AUTOPRINT_CASES = [
+    ("2**10", "1024\n"),
+    ("x = 5\nx * 2", "10\n"),
+    ("x = 1", ""),
+    ("for i in range(2):\n    i", ""),
+    ("[].sort()", ""),
+    ("print('hi')", "hi\n"),
+    ("'ünïcode ✓'", "ünïcode ✓\n"),
+]
+
+
+def test_autoprint_of_the_last_expression(fusion):
+    with client(fusion) as sb:
+        printed = [sb.run(code).stdout for code, _ in AUTOPRINT_CASES]
+    assert printed == [expected for _, expected in AUTOPRINT_CASES]
+
+
+def test_runtime_error_is_the_traceback_of_the_snippet(fusion):
+    with client(fusion) as sb:
+        result = sb.run("x = 1\n\nraise ValueError('bad value')")
+    assert not result.ok and result.error_kind == ErrorKind.ERROR and result.returncode == 1
+    text = format_tool_content(result)
+    assert text.startswith("Traceback") and text.endswith("ValueError: bad value")
+    assert 'File "<code>", line 3' in text and "code.py" not in text  # no harness frames
+    assert len(fusion.requests) == 1  # never retried
+
+
+def test_same_results_as_the_local_sandbox(fusion, sandbox):
+    """The driver reproduces the local fork server's run: compare field by field."""
+    snippets = [
+        "import sys\nprint('a')\nsys.exit('bye')",
+        "import sys\nsys.exit(3)",
+        "def (",
+        "import os\nos.environ['OMP_NUM_THREADS'], os.environ['MPLBACKEND']",
+        "import sys\nprint('err', file=sys.stderr)\n7",
+        "1/0",
+        "input()",
+    ]
+    with client(fusion, max_output_bytes=sandbox.max_output_bytes) as remote:
+        for code in snippets:
+            here, there = sandbox.run(code), remote.run(code)
+            fields = ("ok", "stdout", "stderr", "returncode", "error_kind", "truncated")
+            assert [getattr(there, f) for f in fields] == [getattr(here, f) for f in fields], code
+
+
+def test_timeout_keeps_partial_output(fusion):
+    with client(fusion) as sb:
+        result = sb.run("import time\nprint('partial', flush=True)\ntime.sleep(30)", timeout=1.5)
+    assert result.error_kind == ErrorKind.TIMEOUT and result.timed_out and not result.ok
+    assert fusion.requests[-1]["run_timeout"] == 1.5
+    text = format_tool_content(result, 1.5)
+    assert text.startswith("TimeoutError: execution exceeded the time limit of 1.5 seconds")
+    assert "partial" in text
+
+
+def test_output_keeps_the_tail_within_the_cap(fusion):
+    with client(fusion, max_output_bytes=64) as sb:
+        result = sb.run("print('x' * 1000 + 'END')\nraise SystemExit('é' * 100)")
+    assert result.truncated and result.error_kind == ErrorKind.ERROR
+    assert result.stdout.endswith("END\n") and len(result.stdout.encode()) <= 64
+    assert len(result.stderr) <= 64 and result.stderr.endswith("é\n")
+    assert format_tool_content(result).startswith("[output truncated")
+
+
+@pytest.mark.parametrize(
+    "return_code, kind",
+    [(137, ErrorKind.MEMORY), (-9, ErrorKind.MEMORY), (-11, ErrorKind.CRASH), (2, ErrorKind.ERROR)],
+)
+def test_exit_statuses_map_to_error_kinds(fusion, return_code, kind):
+    with client(fusion) as sb:
+        run = {"status": "Finished", "return_code": return_code, "stdout": "", "stderr": ""}
+        fusion.faults.append(reply("Failed", run))
+        result = sb.run("print(1)")
+    assert result.error_kind == kind and not result.ok
+    assert result.returncode == (return_code if return_code < 128 else -(return_code - 128))
+
+
+# -- transport: retries, no retries, the pool, the cap ----------------------------------
+
+
+@pytest.mark.parametrize("fault", [503, "drop", reply("SandboxError", None, "runner crashed")])
+def test_transient_failure_is_retried_then_succeeds(fusion, fault):
+    with client(fusion) as sb:
+        fusion.faults.extend([fault, fault])
+        before = len(fusion.requests)
+        result = sb.run("print('finally')")
+    assert result.ok and result.stdout == "finally\n"
+    assert len(fusion.requests) - before == 3
+
+
+def test_persistent_failure_is_a_sandbox_error_the_rollout_retries(fusion):
+    with client(fusion, request_retries=2) as sb:
+        fusion.faults.extend([502] * 3)
+        before = len(fusion.requests)
+        result = sb.run("print(1)")
+        assert sb.stats.snapshot_and_reset()["errors"] == 1
+    assert result.error_kind == ErrorKind.SANDBOX and not result.ok
+    assert "HTTP 502" in result.stderr and "3 attempts" in result.stderr
+    assert len(fusion.requests) - before == 3
+
+
+@pytest.mark.parametrize("fault", [400, reply("Failed", {"status": "Finished", "return_code": 1})])
+def test_a_final_answer_is_not_retried(fusion, fault):
+    with client(fusion) as sb:
+        fusion.faults.append(fault)
+        before = len(fusion.requests)
+        result = sb.run("print(1)")
+    assert len(fusion.requests) - before == 1
+    assert result.error_kind == (ErrorKind.SANDBOX if fault == 400 else ErrorKind.ERROR)
+
+
+def test_connections_are_pooled_and_a_stale_one_is_replaced(fusion):
+    with client(fusion, max_workers=1, request_retries=0) as sb:
+        for _ in range(3):
+            assert sb.run("print(1)").ok
+        assert fusion.connections == 1 and sb.connections_opened == 1 and sb.attempts == 3
+        fusion.faults.append("drop")  # the pooled connection dies, as an idle timeout does
+        assert sb.run("print(2)").stdout == "2\n"  # replaced at once, though retries are 0
+    assert fusion.connections == 2
+
+
+SLOW = "import time\ntime.sleep(0.2)\nprint(1)"
+
+
+def test_concurrency_cap_across_threads_and_event_loops(fusion):
+    with client(fusion, max_workers=2) as sb:
+        fusion.gather = 2  # the cap is reached; the runs sleep, so a broken cap lets more in
+
+        async def batch() -> list[Any]:
+            return await asyncio.gather(*(sb.arun(SLOW) for _ in range(3)))
+
+        side = threading.Thread(target=lambda: sb.run(SLOW))
+        side.start()
+        results = asyncio.run(batch())
+        side.join()
+        window = sb.stats.snapshot_and_reset()
+    assert all(r.ok for r in results)
+    assert fusion.max_in_flight == 2
+    assert window["calls"] == 4 and window["ok"] == 4
+
+
+def test_stats_window_counts_kinds(fusion):
+    with client(fusion) as sb:
+        sb.run("1")
+        sb.run("1/0")
+        sb.run("import time; time.sleep(5)", timeout=0.3)
+        first = sb.stats.snapshot_and_reset()
+        second = sb.stats.snapshot_and_reset()
+    assert (first["calls"], first["ok"], first["errors"], first["timeouts"]) == (3, 1, 1, 1)
+    assert second["calls"] == 0
+    assert sb.stats.totals() == {"calls": 3, "timeouts": 1}
+
+
+def test_close_aborts_a_call_in_flight(fusion):
+    sb = client(fusion)
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            sb.run("import time; time.sleep(3)")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call)
+    fusion.gather = 0
+    worker.start()
+    with fusion.cond:
+        assert fusion.cond.wait_for(lambda: fusion.in_flight == 1, timeout=10)
+    sb.close()
+    worker.join(10)
+    assert isinstance(outcome[0], SandboxError)
+    with pytest.raises(SandboxError, match="closed"):
+        sb.run("print(1)")
+
+
+# -- wrong URLs, config and wiring ----------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_unreachable_url_is_one_clear_error():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(SandboxError, match=r"cannot connect to SandboxFusion at .*refused"):
+        FusionSandbox(url, request_retries=1, request_backoff=0.01)
+
+
+def test_tls_against_plain_http_is_not_retried(fusion):
+    https = fusion.url.replace("http://", "https://")
+    with pytest.raises(SandboxError, match="TLS with SandboxFusion at https://"):
+        FusionSandbox(https, request_backoff=0.01)
+    assert fusion.requests == []
+
+
+def test_wrong_path_is_one_clear_error(fusion):
+    with pytest.raises(SandboxError, match=r"HTTP 404 \(is sandbox.url the service's address"):
+        FusionSandbox(fusion.url + "/v1/api", request_backoff=0.01)
+    assert parse_endpoint(fusion.url + "/run_code/").path == "/run_code"
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("", "sandbox.url is required"),
+        ("localhost:8080", "http:// or https://"),
+        ("ftp://host/run_code", "http:// or https://"),
+        ("http://host:99999", "invalid port"),
+        ("http://user:secret@host", "credentials"),
+        ("http:///run_code", "must name a host"),
+    ],
+)
+def test_config_validates_the_url(url, message):
+    with pytest.raises(ConfigError, match=message):
+        SandboxConfig(backend="sandboxfusion", url=url)
+
+
+def test_config_fields_are_named_in_errors():
+    with pytest.raises(ConfigError, match="sandbox.backend"):
+        SandboxConfig(backend="docker")
+    with pytest.raises(ConfigError, match="sandbox.request_retries"):
+        SandboxConfig(request_retries=-1)
+    with pytest.raises(ConfigError, match="sandbox.request_slack"):
+        SandboxConfig(request_slack=0)
+    with pytest.raises(ConfigError, match="sandbox.isolation = 'strict' applies to the local"):
+        SandboxConfig(backend="sandboxfusion", url="http://h:8080", isolation="strict")
+    assert SandboxConfig(url="http://ignored-by-local").backend == "local"
+
+
+def test_open_sandbox_returns_the_service_client(fusion):
+    config = load_config(
+        overrides=[
+            "sandbox.backend=sandboxfusion",
+            f'sandbox.url="{fusion.url}/run_code"',
+            "sandbox.max_workers=3",
+            "sandbox.request_backoff=0",
+        ]
+    ).sandbox
+    with open_sandbox(config) as sb:
+        assert isinstance(sb, FusionSandbox) and sb.max_workers == 3
+        assert sb.run("6 * 7").stdout == "42\n"
+
+
+def test_remote_program_is_ascii_and_carries_the_code_losslessly():
+    code = "s = '\\u00e9\\ud800 ✓'\nprint(len(s))"
+    program = remote_program(code)
+    assert program.isascii()
+    namespace: dict[str, Any] = {}
+    exec(program.split("\n", 2)[1], namespace)  # the _CODE = ... line
+    assert namespace["_CODE"] == code
