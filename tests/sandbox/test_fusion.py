@@ -226,7 +226,11 @@ def test_runtime_error_is_the_traceback_of_the_snippet(fusion):
 
 
 def test_same_results_as_the_local_sandbox(fusion, sandbox):
-    """The driver reproduces the local fork server's run: compare field by field."""
+    """The driver reproduces the local fork server's run: compare field by field.
+
+    A failure after a change to ``server._run_code`` means ``fusion._DRIVER``
+    (its copy for a plain interpreter) needs the same change.
+    """
     snippets = [
         "import sys\nprint('a')\nsys.exit('bye')",
         "import sys\nsys.exit(3)",

@@ -91,6 +91,7 @@ _CALL_ENV = {
 _AUTOPRINT_SOURCE = (Path(__file__).resolve().parent / "autoprint.py").read_text(encoding="utf-8")
 # The local fork server's _run_code (server.py), for a plain interpreter that runs
 # this file; Python 3.8+ syntax (the service's interpreter may be older than ours).
+# Keep the two in step: test_fusion.py compares their results snippet by snippet.
 _DRIVER = """
 import builtins, contextlib, os, sys, traceback
 
