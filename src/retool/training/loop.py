@@ -13,6 +13,12 @@ Per step ``s`` (1-based; seeds and batches derive from it):
    checkpoint's manifest line: a kill between the two leaves a complete step
    whose checkpoint does not exist yet, never a checkpoint without its step.
 
+Each step also records its spend (``cost/*``: prefill, sampled and trained
+tokens, money when ``[cost]`` sets prices; see :mod:`retool.training.cost`).
+Before a step, when the mean step so far would take the run past
+``cost.max_tokens`` or ``cost.max_money``, the loop checkpoints the last
+completed step, says why in one line and returns normally.
+
 Every phase is timed (``time/<phase>_s`` in the metrics) so an idle phase
 shows. Interrupts (SIGINT, SIGTERM) are deferred while the weights and the
 step record disagree (from ``optim_step`` to the metrics line); otherwise the
@@ -36,6 +42,7 @@ from typing import Any
 
 from retool.config import RunConfig
 from retool.errors import RetoolError
+from retool.training.cost import SpendLedger, StepTokens, step_tokens
 from retool.training.faults import crash_point
 from retool.training.run_dir import RunDirectory
 
@@ -334,6 +341,9 @@ class Session:
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
+        # After open_trainer's rewind: the totals are those of the steps the run keeps.
+        self.spend = SpendLedger.from_metrics(config.cost, self.run.metrics())
+        self.budget_stop: str | None = None  # the line printed when the budget stopped the run
         self.adam = AdamParams(
             learning_rate=cfg.learning_rate,
             beta1=cfg.beta1,
@@ -349,8 +359,27 @@ class Session:
         self.display = Display(cfg.steps, self.start, per_step, progress, unit)
         self.guard = InterruptGuard()
 
-    def steps(self) -> range:
-        return range(self.start + 1, self.cfg.steps + 1)
+    def steps(self) -> Iterator[int]:
+        """The steps left to run; stops early (see :meth:`stop_for_budget`) over budget."""
+        for step in range(self.start + 1, self.cfg.steps + 1):
+            reason = self.spend.over_budget()
+            if reason is not None:
+                self.stop_for_budget(step - 1, reason)
+                return
+            yield step
+
+    def stop_for_budget(self, completed: int, reason: str) -> None:
+        """Checkpoint the last completed step (unless it has one) and say why the run stops."""
+        state = self.state
+        if completed > 0 and state.checkpointed < completed and state.consistent:
+            with self.guard.critical():
+                save_checkpoint(self.run, self.trainer, completed, state)
+        self.budget_stop = (
+            f"budget stop after step {completed}: {reason}; checkpoint of step {completed} "
+            "saved; raise the limit in [cost] and --resume to continue"
+        )
+        self.run.log(self.budget_stop)
+        self.display.end_step(self.budget_stop, advance=False)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Session]:
@@ -407,9 +436,15 @@ class Session:
         records: Any,
         note: str = "",
         summary: Callable[[int, int, dict[str, float]], str] | None = None,
+        tokens: StepTokens | None = None,
     ) -> None:
-        """Optimizer step (if anything trained), checkpoint when due, metrics line, manifest."""
+        """Optimizer step (if anything trained), checkpoint when due, metrics line, manifest.
+
+        ``tokens``: the step's spend; by default only its trained tokens
+        (``train/tokens``), which is all an SFT step has.
+        """
         cfg, state = self.cfg, self.state
+        tokens = tokens or StepTokens(trained=int(metrics["train/tokens"]))
         with self.guard.critical():
             if not metrics["train/update_skipped"]:
                 state.consistent = False
@@ -424,14 +459,17 @@ class Session:
                     paths = write_checkpoint(self.trainer, step)
                 crash_point("checkpoint", step)
             metrics.update(phases.metrics())
+            metrics.update(self.spend.metrics(tokens, step, cfg.steps))
             # The metrics line commits the step; the manifest line, the checkpoint.
             self.run.complete_step(step, metrics, records)
+            self.spend.add(tokens)
             state.completed, state.consistent = step, True
             crash_point("committed", step)
             if paths is not None:
                 self.run.add_checkpoint(step, *paths)
                 state.checkpointed = step
-        line = (summary or step_summary)(step, cfg.steps, metrics) + note
+        line = (summary or step_summary)(step, cfg.steps, metrics) + self.spend.summary(tokens)
+        line += note
         self.run.log(line)
         self.display.end_step(line)
         if self.sink is not None:
@@ -525,7 +563,8 @@ def train(
                 metrics["train/reused_groups"] = float(len(reuse))
                 metrics.update(session.update(step, micro_batches, cfg.loss, loss_config, phases))
                 note = "" if micro_batches else "  (every group scored alike: nothing to train)"
-                session.commit(step, metrics, phases, result.trajectories, note)
+                tokens = step_tokens(result.trajectories, trained=int(metrics["train/tokens"]))
+                session.commit(step, metrics, phases, result.trajectories, note, tokens=tokens)
                 if evaluation.due(step):
                     evaluation.run(step)
     finally:
