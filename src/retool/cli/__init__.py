@@ -13,11 +13,22 @@ import sys
 from collections.abc import Sequence
 
 from retool import __version__
-from retool.cli import demo, prepare_data, report, rollout, sandbox, sft, train
+from retool.cli import demo, doctor, preflight, prepare_data, report, rollout, sandbox, sft, train
 from retool.cli import eval as eval_command
 from retool.errors import RetoolError
 
-COMMANDS = (prepare_data, sandbox, rollout, train, sft, eval_command, report, demo)
+COMMANDS = (
+    prepare_data,
+    sandbox,
+    rollout,
+    preflight,
+    train,
+    sft,
+    eval_command,
+    report,
+    demo,
+    doctor,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
