@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
+import re
 import tomllib
 import types
 import typing
@@ -33,32 +35,157 @@ from retool.errors import ConfigError
 C = TypeVar("C")
 
 
+def check_number(
+    where: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    integer: bool = False,
+    low_open: bool = False,
+) -> None:
+    """The one numeric check: a real number (an integer if ``integer``), finite, in range.
+
+    ``low``/``high`` are inclusive bounds (``low_open`` excludes ``low``); ``None``
+    is unbounded on that side. A bool, a string or ``nan`` is refused with a
+    :class:`ConfigError` that names ``where`` (``"rollout.top_p"``,
+    ``"SamplingParams.max_tokens"``, ``"--questions"``) and the allowed range, so
+    every config field, CLI option and value class says the same thing the
+    same way. Upper bounds exist where a larger value is a typo that would
+    crash or hang later (a timeout that overflows ``time_t``, a group of a
+    billion samples), not to second-guess a user.
+    """
+    lower = f"{'>' if low_open else '>='} {format_bound(low)}" if low is not None else ""
+    upper = f"<= {format_bound(high)}" if high is not None else ""
+    bounds = " and ".join(b for b in (lower, upper) if b)
+    kind = "an integer" if integer else "a finite number"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        shown = f"the string {value!r}" if isinstance(value, str) else repr(value)
+        raise ConfigError(f"{where} must be {kind} {bounds}".rstrip() + f", got {shown}")
+    if (integer and not isinstance(value, numbers.Integral)) or not math.isfinite(value):
+        raise ConfigError(f"{where} must be {kind} {bounds}".rstrip() + f", got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ConfigError(f"{where} must be {bounds}, got {value}")
+    if high is not None and value > high:
+        both = " and ".join(b for b in (upper, lower) if b)  # the bound that failed first
+        raise ConfigError(f"{where} must be {both}, got {value}")
+
+
+def format_bound(bound: float) -> str:
+    """A bound as people write it: ``2**20``, ``2**32 - 1``, ``10**7``, ``1e+06``, ``0.5``."""
+    if isinstance(bound, int) and bound >= 2**20:
+        if bound & (bound - 1) == 0:
+            return f"2**{bound.bit_length() - 1}"
+        if bound & (bound + 1) == 0:
+            return f"2**{bound.bit_length()} - 1"
+        if str(bound).rstrip("0") == "1":
+            return f"10**{len(str(bound)) - 1}"
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+
+def check_range(
+    section: str,
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    integer: bool | None = None,
+    low_open: bool = False,
+) -> None:
+    """:func:`check_number` for config field ``section.name``.
+
+    Pass ``integer`` for an ``int`` field (``None`` only checks an int value as
+    an integer, which older callers rely on).
+    """
+    check_number(
+        f"{section}.{name}",
+        value,
+        low,
+        high,
+        integer=isinstance(value, int) if integer is None else integer,
+        low_open=low_open,
+    )
+
+
 def _finite(section: str, name: str, value: float) -> None:
-    if not math.isfinite(value):
-        raise ConfigError(f"{section}.{name} must be a finite number, got {value}")
+    check_range(section, name, value)
 
 
-def _positive(section: str, name: str, value: float) -> None:
-    _finite(section, name, value)
-    if value <= 0:
-        raise ConfigError(f"{section}.{name} must be > 0, got {value}")
+def _positive(section: str, name: str, value: float, high: float | None = None) -> None:
+    check_range(section, name, value, 0, high, low_open=True)
 
 
-def _at_least(section: str, name: str, value: float, low: float) -> None:
-    _finite(section, name, value)
-    if value < low:
-        raise ConfigError(f"{section}.{name} must be >= {low}, got {value}")
+def _at_least(section: str, name: str, value: float, low: float, high: float | None = None) -> None:
+    check_range(section, name, value, low, high)
+
+
+def check_path_text(where: str, value: Any, *, empty: bool = False) -> None:
+    """A path or spec given as text: a string, not blank (unless ``empty``), no NUL byte."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    if not empty and not value.strip():
+        raise ConfigError(f"{where} must not be empty")
+    if "\0" in value:
+        raise ConfigError(f"{where} must not contain a NUL character, got {value!r}")
+
+
+LOSS_REDUCTIONS = ("auto", "sum", "active_token_mean", "advantage_token_mean")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model and backend to train."""
+    """Which model and backend to train.
 
-    base_model: str = "smollm2-135m-instruct"  # alias, .gguf file or HF directory
+    ``backend = "local"`` trains on this machine; ``"pytrio"`` and ``"tinker"``
+    on those training services through their SDKs (the ``pytrio`` / ``tinker``
+    extras; :mod:`retool.backends.remote`). The services train LoRA adapters
+    only: ``lora_rank`` in [4, 64] on PyTRIO (its SDK refuses other ranks before
+    any request), >= 1 on Tinker; ``base_model`` is the service's model name
+    (``"Qwen/Qwen3-8B"``); ``device`` and ``dtype`` are the local backend's.
+
+    ``loss_reduction`` says how the service reduces the per-token losses of
+    one ``forward_backward`` call. Our contract is their *sum*
+    (:mod:`retool.types`); for a service that divides by a count, the adapter
+    multiplies the advantages (cross-entropy: the weights) by that same count,
+    which gives the same update for the same advantages on every backend:
+
+    * ``sum``: the service sums; advantages are sent unchanged. The local
+      backend sums, and so does Tinker: its SDK relies on "Backend CE is
+      L = sum(-logprobs * weights)" and sums ``loss:sum`` over chunks
+      (tinker/lib/public_interfaces/training_client.py: ``_compute_custom_loss``;
+      tinker/lib/chunked_fwdbwd_helpers.py).
+    * ``active_token_mean``: divides by the call's ``total_active_tokens``:
+      positions whose target is not -100 (every position of our datums, prompt
+      and observation positions included), for cross-entropy only those with a
+      non-zero weight.
+    * ``advantage_token_mean``: divides by ``total_advantage_tokens``, the
+      positions with a non-zero advantage (cross-entropy: as above).
+    * ``auto`` (default): ``sum`` on local and Tinker, ``active_token_mean`` on
+      PyTRIO.
+
+    Why ``active_token_mean`` for PyTRIO: its service code is not public and
+    was unreachable when the adapter was written, so this rests on the SDK
+    (``pytrio`` 0.2.9). Every chunk of a call carries the whole call's
+    ``total_samples``, ``total_active_tokens`` and ``total_advantage_tokens``,
+    documented as the global normalisation the trainer uses to compute the
+    equivalent full-batch gradient (pytrio/protocol/actor/events/trainer/
+    forward.py: ``GradientAccumulationSpec``); advantage tokens are "the
+    separate denominator for DRO and similar normalisation modes", with
+    zero-advantage labels counted as active (pytrio/client/training_batch.py:
+    ``plan_training_batch``); the SDK's ``forward_backward_custom`` promises
+    only the same gradient *direction* as the user's loss (pytrio/client/
+    training.py); and results report ``loss_mean = loss_sum / token_count``.
+    So a policy loss is divided by the active tokens. Should PyTRIO document
+    another reduction, set the matching value here: nothing else changes.
+    """
+
+    base_model: str = "smollm2-135m-instruct"  # alias, .gguf file, HF directory or service name
     backend: str = "local"  # local | pytrio | tinker
-    lora_rank: int = 32  # LoRA rank; 0 trains all weights
-    device: str = "auto"  # auto | cpu | cuda
+    lora_rank: int = 32  # LoRA rank; 0 trains all weights (local backend only)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16
+    loss_reduction: str = "auto"  # auto | sum | active_token_mean | advantage_token_mean
 
     def __post_init__(self) -> None:
         if self.backend not in {"local", "pytrio", "tinker"}:
@@ -66,10 +193,41 @@ class ModelConfig:
                 f"model.backend must be one of local, pytrio, tinker; got {self.backend!r}"
             )
         _at_least("model", "lora_rank", self.lora_rank, 0)
+        check_device(self.device)
         if self.dtype not in {"auto", "float32", "bfloat16", "float16"}:
             raise ConfigError(
                 f"model.dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}"
             )
+        if self.loss_reduction not in LOSS_REDUCTIONS:
+            raise ConfigError(
+                f"model.loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}; "
+                f"got {self.loss_reduction!r}"
+            )
+        if self.backend == "local" and self.loss_reduction not in ("auto", "sum"):
+            raise ConfigError(
+                "model.loss_reduction describes a remote service; the local backend sums "
+                f'(use "auto" or "sum"), got {self.loss_reduction!r}'
+            )
+        if self.backend != "local":
+            if self.lora_rank == 0:
+                raise ConfigError(
+                    f"model.lora_rank = 0 (full fine-tuning) is not offered by {self.backend}: "
+                    "it trains LoRA adapters; set model.lora_rank (for example 32)"
+                )
+            if self.backend == "pytrio":
+                from retool.backends.pytrio import check_rank
+            else:
+                from retool.backends.tinker import check_rank
+            check_rank(self.lora_rank)
+
+
+def check_device(device: Any, where: str = "model.device") -> None:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (availability is the backend's check)."""
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda|cuda:\d{1,3}|mps", device):
+        raise ConfigError(f"{where} must be auto, cpu, cuda, cuda:N or mps; got {device!r}")
+
+
+SEED_MAX = 2**32 - 1  # every seed fits numpy's and torch's generators
 
 
 @dataclass(frozen=True)
@@ -78,7 +236,12 @@ class DataConfig:
 
     train: str = "demo:train"  # "demo:<split>" or a .jsonl/.parquet path
     dev: str = "demo:dev"  # held-out questions for evaluation
-    seed: int = 42  # batch order
+    seed: int = 42  # batch order, in [0, 2**32 - 1]
+
+    def __post_init__(self) -> None:
+        check_path_text("data.train", self.train)
+        check_path_text("data.dev", self.dev)
+        check_range("data", "seed", self.seed, 0, SEED_MAX, integer=True)
 
 
 @dataclass(frozen=True)
@@ -204,76 +367,80 @@ class SandboxConfig:
 class RewardConfig:
     """How answers are scored."""
 
-    timeout: float = 5.0  # seconds per equivalence check; a timeout scores -1
-    workers: int = 2  # verifier processes
+    timeout: float = 5.0  # seconds per equivalence check, in (0, 3600]; a timeout scores -1
+    workers: int = 2  # verifier processes, in [1, 256]
     function: str = ""  # "package.module:function" for a custom reward; "" = boxed answer
 
     def __post_init__(self) -> None:
-        _positive("reward", "timeout", self.timeout)
-        _positive("reward", "workers", self.workers)
+        check_range("reward", "timeout", self.timeout, 0, 3600, integer=False, low_open=True)
+        check_range("reward", "workers", self.workers, 1, 256, integer=True)
+        check_path_text("reward.function", self.function, empty=True)
+        if self.function and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.function):
+            raise ConfigError(
+                "reward.function must look like 'package.module:function' (or \"\" for the "
+                f"boxed-answer reward), got {self.function!r}"
+            )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """The optimisation loop (defaults are the reference's)."""
 
-    steps: int = 20  # training steps (one optimizer step each)
-    questions_per_batch: int = 8  # questions per step; trajectories = this x group_size
+    steps: int = 20  # training steps (one optimizer step each), in [1, 10**7]
+    questions_per_batch: int = 8  # questions per step, in [1, 2**16]; trajectories: x group_size
     loss: str = "ppo"  # ppo | importance_sampling | cispo
-    clip_low: float = 0.8  # PPO/CISPO ratio clip, lower bound (absolute)
-    clip_high: float = 1.28  # PPO/CISPO ratio clip, upper bound (absolute)
+    clip_low: float = 0.8  # PPO/CISPO ratio clip, lower bound (absolute), in (0, 1]
+    clip_high: float = 1.28  # PPO/CISPO ratio clip, upper bound (absolute), in [1, 100]
     loss_aggregation: str = "seq_mean"  # seq_mean | token_mean | token_sum
-    learning_rate: float = 4e-5  # AdamW
-    beta1: float = 0.9  # AdamW first-moment decay
-    beta2: float = 0.95  # AdamW second-moment decay
-    eps: float = 1e-12  # AdamW epsilon
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    grad_clip_norm: float = 0.0  # global gradient-norm clip; 0 disables
-    max_train_tokens: int = 8192  # longest datum the trainer accepts
-    micro_batch_tokens: int = 16384  # padded-area budget per forward_backward
-    micro_batch_items: int = 32  # datums per forward_backward at most
-    save_every: int = 10  # checkpoint period in steps; 0 saves only at the end
-    eval_every: int = 0  # evaluate the policy every this many steps; 0 never
+    learning_rate: float = 4e-5  # AdamW, in [0, 1]
+    beta1: float = 0.9  # AdamW first-moment decay, in [0, 1)
+    beta2: float = 0.95  # AdamW second-moment decay, in [0, 1)
+    eps: float = 1e-12  # AdamW epsilon, in (0, 1]
+    weight_decay: float = 0.0  # AdamW decoupled weight decay, in [0, 1]
+    grad_clip_norm: float = 0.0  # global gradient-norm clip, in [0, 1e6]; 0 disables
+    max_train_tokens: int = 8192  # longest datum the trainer accepts, in [1, 2**20]
+    micro_batch_tokens: int = 16384  # padded-area budget per forward_backward, [1, 2**24]
+    micro_batch_items: int = 32  # datums per forward_backward at most, in [1, 2**16]
+    save_every: int = 10  # checkpoint period in steps, in [0, 10**7]; 0: only at the end
+    eval_every: int = 0  # evaluate the policy every this many steps, in [0, 10**7]; 0 never
     eval_dataset: str = ""  # problems for those evaluations; "" = data.dev
-    eval_n: int = 4  # samples per problem in those evaluations
-    eval_limit: int = 0  # first this many problems; 0 = all
-    seed: int = 0  # LoRA initialisation
+    eval_n: int = 4  # samples per problem in those evaluations, in [1, 1024]
+    eval_limit: int = 0  # first this many problems, in [0, 10**7]; 0 = all
+    seed: int = 0  # LoRA initialisation, in [0, 2**32 - 1]
     run_dir: str = "runs/default"  # metrics, checkpoints, samples
 
     def __post_init__(self) -> None:
-        for name in (
-            "steps",
-            "questions_per_batch",
-            "max_train_tokens",
-            "micro_batch_tokens",
-            "micro_batch_items",
-        ):
-            _positive("train", name, getattr(self, name))
-        _positive("train", "eval_n", self.eval_n)
-        for name in (
-            "learning_rate",
-            "weight_decay",
-            "grad_clip_norm",
-            "save_every",
-            "eps",
-            "eval_every",
-            "eval_limit",
-        ):
-            _at_least("train", name, getattr(self, name), 0)
+        ints = {  # name: (low, high); every bound is inclusive
+            "steps": (1, 10**7),
+            "questions_per_batch": (1, 2**16),
+            "max_train_tokens": (1, 2**20),
+            "micro_batch_tokens": (1, 2**24),
+            "micro_batch_items": (1, 2**16),
+            "save_every": (0, 10**7),
+            "eval_every": (0, 10**7),
+            "eval_n": (1, 1024),
+            "eval_limit": (0, 10**7),
+            "seed": (0, SEED_MAX),
+        }
+        for name, (low, high) in ints.items():
+            check_range("train", name, getattr(self, name), low, high, integer=True)
+        floats = {
+            "learning_rate": (0, 1),
+            "weight_decay": (0, 1),
+            "grad_clip_norm": (0, 1e6),
+            "clip_high": (1, 100),
+        }
+        for name, (low, high) in floats.items():
+            check_range("train", name, getattr(self, name), low, high, integer=False)
+        check_range("train", "eps", self.eps, 0, 1, integer=False, low_open=True)
+        check_range("train", "clip_low", self.clip_low, 0, 1, integer=False, low_open=True)
         for name in ("beta1", "beta2"):
-            _at_least("train", name, getattr(self, name), 0)
+            check_range("train", name, getattr(self, name), 0, 1, integer=False)
             if getattr(self, name) >= 1:
                 raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.loss not in ("ppo", "importance_sampling", "cispo"):
             raise ConfigError(
                 f"train.loss must be ppo, importance_sampling or cispo; got {self.loss!r}"
-            )
-        _positive("train", "clip_low", self.clip_low)
-        _finite("train", "clip_high", self.clip_high)
-        if not self.clip_low <= 1 <= self.clip_high:
-            raise ConfigError(
-                f"train.clip_low <= 1 <= train.clip_high must hold, got {self.clip_low} "
-                f"and {self.clip_high}"
             )
         if self.loss_aggregation not in ("seq_mean", "token_mean", "token_sum"):
             raise ConfigError(
@@ -286,8 +453,8 @@ class TrainConfig:
                 f"train.micro_batch_tokens ({self.micro_batch_tokens}): a longest datum "
                 "must fit one micro-batch"
             )
-        if not self.run_dir.strip():
-            raise ConfigError("train.run_dir must not be empty")
+        check_path_text("train.eval_dataset", self.eval_dataset, empty=True)
+        check_path_text("train.run_dir", self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -330,6 +497,38 @@ class CostConfig:
 
 
 @dataclass(frozen=True)
+class DemoConfig:
+    """What ``retool demo`` runs around the RL steps (``train.*`` stay the RL settings).
+
+    Only ``retool demo`` reads this section; every other command ignores it, as
+    ``retool eval`` ignores ``train.*``. The demo's evaluation split is
+    ``demo:test`` by default: the settings here were chosen on ``demo:dev``,
+    so the table it prints is measured on problems nothing was tuned on.
+    """
+
+    sft_steps: int = 12  # cold-start SFT steps on demonstrations from data.train
+    sft_batch: int = 16  # demonstrations per SFT step
+    sft_learning_rate: float = 1e-3  # AdamW learning rate of the cold start
+    rl_steps: int = 8  # RL steps from the SFT checkpoint (train.* holds their settings)
+    eval_dataset: str = "demo:test"  # held-out problems for base / SFT / RL
+    eval_n: int = 4  # samples per problem, the same seeds for all three policies
+    eval_limit: int = 0  # first this many problems; 0 = all
+    eval_temperature: float = 0.7  # sampling temperature of the evaluations
+    eval_top_p: float = 1.0  # nucleus mass of the evaluations
+
+    def __post_init__(self) -> None:
+        check_range("demo", "sft_steps", self.sft_steps, 0, 10_000, integer=True)
+        check_range("demo", "sft_batch", self.sft_batch, 1, 4096, integer=True)
+        check_range("demo", "sft_learning_rate", self.sft_learning_rate, 0, 1, low_open=True)
+        check_range("demo", "rl_steps", self.rl_steps, 0, 10_000, integer=True)
+        check_path_text("demo.eval_dataset", self.eval_dataset)
+        check_range("demo", "eval_n", self.eval_n, 1, 1024, integer=True)
+        check_range("demo", "eval_limit", self.eval_limit, 0, 10**7, integer=True)
+        check_range("demo", "eval_temperature", self.eval_temperature, 0, 100)
+        check_range("demo", "eval_top_p", self.eval_top_p, 0, 1, low_open=True)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything one run needs, one field per TOML section."""
 
@@ -340,6 +539,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:
         if self.rollout.max_trajectory_tokens > self.train.max_train_tokens:
@@ -390,8 +590,8 @@ def build_section(cls: type[C], values: dict[str, Any], section: str) -> C:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(
-            f"unknown key(s) in [{section}]: {', '.join(unknown)}; "
-            f"allowed: {', '.join(sorted(known))}"
+            f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; "
+            f"allowed in [{section}]: {', '.join(sorted(known))}"
         )
     kwargs = {k: _coerce(f"{section}.{k}", hints[k], v) for k, v in values.items()}
     return cls(**kwargs)
@@ -418,11 +618,12 @@ def load_config(
     """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
+        from retool.data.files import read_text
+
         path = Path(path)
+        text = read_text(path, what="config file", error=ConfigError)
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML ({exc})") from None
     sections = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -431,6 +632,7 @@ def load_config(
             raise ConfigError(f"{path}: unknown section [{name}]; allowed: {', '.join(sections)}")
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: [{name}] must be a table")
+    origin = {f"{s}.{k}": str(path) for s, table in raw.items() for k in table}
     for text in overrides:
         section, key, value = parse_override(text)
         if section not in sections:
@@ -438,6 +640,19 @@ def load_config(
                 f"--set {text}: unknown section {section!r}; allowed: {', '.join(sections)}"
             )
         raw.setdefault(section, {})[key] = value
+        origin[f"{section}.{key}"] = f"--set {text}"
     hints = typing.get_type_hints(RunConfig)
-    built = {name: build_section(hints[name], raw.get(name, {}), name) for name in sections}
-    return RunConfig(**built)
+    try:
+        built = {name: build_section(hints[name], raw.get(name, {}), name) for name in sections}
+        return RunConfig(**built)
+    except ConfigError as exc:
+        raise ConfigError(_with_origin(str(exc), origin)) from None
+
+
+def _with_origin(message: str, origin: dict[str, str]) -> str:
+    """Prefix an error about ``section.key`` with where that value came from (file or --set)."""
+    named = [key for key in origin if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message)]
+    if not named:
+        return message
+    first = min(named, key=message.index)
+    return f"{origin[first]}: {message}"

@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from retool.config import check_number
 from retool.errors import ConfigError
 
 T = TypeVar("T")
@@ -140,24 +141,37 @@ class Datum:
 class SamplingParams:
     """How to sample one completion."""
 
-    max_tokens: int = 256  # new tokens at most
-    temperature: float = 1.0  # 0 means greedy
+    max_tokens: int = 256  # new tokens at most, in [1, 2**20]
+    temperature: float = 1.0  # 0 means greedy; in [0, 100]
     top_p: float = 1.0  # nucleus mass, in (0, 1]
-    top_k: int = -1  # keep the k most likely tokens; -1 keeps all
-    seed: int | None = None  # same seed + same prompt -> same tokens
+    top_k: int = -1  # keep the k most likely tokens, in [1, 2**31 - 1]; -1 keeps all
+    seed: int | None = None  # same seed + same prompt -> same tokens; in [0, 2**63 - 1]
     stop: tuple[str | int, ...] = ()  # stop strings and/or token ids (the stop is kept)
 
     def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            raise ConfigError(f"SamplingParams.max_tokens must be > 0, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ConfigError(f"SamplingParams.top_k must be -1 or >= 1, got {self.top_k}")
-        if isinstance(self.stop, list):
-            object.__setattr__(self, "stop", tuple(self.stop))
+        check_number("SamplingParams.max_tokens", self.max_tokens, 1, 2**20, integer=True)
+        check_number("SamplingParams.temperature", self.temperature, 0, 100)
+        check_number("SamplingParams.top_p", self.top_p, 0, 1, low_open=True)
+        if self.top_k != -1:
+            check_number(
+                "SamplingParams.top_k (-1 keeps all)", self.top_k, 1, 2**31 - 1, integer=True
+            )
+        if self.seed is not None:
+            check_number("SamplingParams.seed", self.seed, 0, 2**63 - 1, integer=True)
+        stop = self.stop
+        if isinstance(stop, str | int):
+            stop = (stop,)  # one stop string or token id
+        if not isinstance(stop, tuple | list):
+            raise ConfigError(
+                f"SamplingParams.stop must be a sequence of strings and token ids, got {stop!r}"
+            )
+        for item in stop:
+            if isinstance(item, str):
+                if not item:
+                    raise ConfigError("SamplingParams.stop must not contain an empty string")
+            else:
+                check_number("SamplingParams.stop token id", item, 0, 2**31 - 1, integer=True)
+        object.__setattr__(self, "stop", tuple(stop))
 
 
 class StopReason(StrEnum):
@@ -196,24 +210,23 @@ class SampleResponse:
 class AdamParams:
     """One AdamW step. ``grad_clip_norm <= 0`` disables global-norm clipping."""
 
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
+    learning_rate: float = 1e-4  # in [0, 1]
+    beta1: float = 0.9  # in [0, 1)
+    beta2: float = 0.95  # in [0, 1)
+    eps: float = 1e-12  # in (0, 1]
+    weight_decay: float = 0.0  # in [0, 1]
+    grad_clip_norm: float = 0.0  # finite; <= 0 disables
 
     def __post_init__(self) -> None:
-        if self.learning_rate < 0:
-            raise ConfigError(f"AdamParams.learning_rate must be >= 0, got {self.learning_rate}")
+        check_number("AdamParams.learning_rate", self.learning_rate, 0, 1)
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
-            if not 0 <= value < 1:
+            check_number(f"AdamParams.{name}", value, 0, 1)
+            if value >= 1:
                 raise ConfigError(f"AdamParams.{name} must be in [0, 1), got {value}")
-        if self.eps <= 0:
-            raise ConfigError(f"AdamParams.eps must be > 0, got {self.eps}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"AdamParams.weight_decay must be >= 0, got {self.weight_decay}")
+        check_number("AdamParams.eps", self.eps, 0, 1, low_open=True)
+        check_number("AdamParams.weight_decay", self.weight_decay, 0, 1)
+        check_number("AdamParams.grad_clip_norm", self.grad_clip_norm)
 
 
 @dataclass(frozen=True)
