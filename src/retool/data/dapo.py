@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from retool.data.examples import MathExample, write_jsonl
+from retool.data.files import check_output_dir, staged_output
 from retool.errors import DataError
+
+SPLIT_FILES = ("train.jsonl", "dev.jsonl")
 
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be "
@@ -42,6 +45,7 @@ class PrepareReport:
     dev: int  # examples written to dev.jsonl
     train_path: Path
     dev_path: Path
+    replaced: tuple[str, ...] = ()  # files of output_dir that existed and were replaced
 
 
 def strip_dapo_wrapper(content: str) -> str:
@@ -81,20 +85,32 @@ def _dapo_row(record: dict[str, Any], where: str) -> MathExample:
 
 
 def prepare_dapo_math(
-    input_path: str | Path, output_dir: str | Path, dev_size: int = 50, seed: int = 42
+    input_path: str | Path,
+    output_dir: str | Path,
+    dev_size: int = 50,
+    seed: int = 42,
+    *,
+    flag: str | None = None,
 ) -> PrepareReport:
-    """Write ``train.jsonl`` and ``dev.jsonl`` under ``output_dir``.
+    """Write ``train.jsonl`` and ``dev.jsonl`` under ``output_dir``, both or neither.
 
-    Every row is validated before anything is written, so a bad file leaves
-    ``output_dir`` untouched.
+    The output directory is checked first, every row is validated before
+    anything is written, and the two files are renamed into place together
+    (:func:`~retool.data.files.staged_output`), so any failure leaves
+    ``output_dir`` as it was. ``flag`` names ``output_dir`` in errors.
     """
     import pyarrow.parquet as pq
 
+    from retool.config import check_number
+
     input_path = Path(input_path)
-    if dev_size < 0:
-        raise DataError(f"--dev-size must be >= 0, got {dev_size}")
+    check_number("--dev-size", dev_size, 0, 10**7, integer=True)
+    check_number("--seed", seed, 0, 2**32 - 1, integer=True)
+    check_output_dir(output_dir, flag=flag, error=DataError)
     if not input_path.exists():
         raise DataError(f"{input_path}: no such file")
+    if not input_path.is_file():
+        raise DataError(f"{input_path}: not a file; give the DAPO-Math-17k .parquet file")
     try:
         table = pq.read_table(input_path)
     except Exception as exc:  # pyarrow raises several unrelated types
@@ -133,14 +149,15 @@ def prepare_dapo_math(
     dev = [e for i, e in enumerate(examples) if i in dev_idx]
     train = [e for i, e in enumerate(examples) if i not in dev_idx]
     out = Path(output_dir)
-    train_path, dev_path = out / "train.jsonl", out / "dev.jsonl"
-    write_jsonl(train_path, train)
-    write_jsonl(dev_path, dev)
+    with staged_output(out, flag=flag, names=SPLIT_FILES) as staged:
+        write_jsonl(staged.path("train.jsonl"), train)
+        write_jsonl(staged.path("dev.jsonl"), dev)
     return PrepareReport(
         rows=rows,
         duplicates=duplicates,
         train=len(train),
         dev=len(dev),
-        train_path=train_path,
-        dev_path=dev_path,
+        train_path=out / "train.jsonl",
+        dev_path=out / "dev.jsonl",
+        replaced=tuple(staged.replaced),
     )

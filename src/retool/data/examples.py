@@ -9,6 +9,7 @@ Parquet), so a user can fix the file without a debugger.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -61,16 +62,37 @@ def _example_from_record(record: Any, where: str) -> MathExample:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    """``("path:line", record)`` per non-blank line; a bad line is a ``DataError`` there."""
+    """``("path:line", record)`` per non-blank line; a bad line is a ``DataError`` there.
+
+    Lines are decoded one by one, so a byte that is not UTF-8 is reported at
+    its line and column, like a JSON error; a byte-order mark is skipped.
+    """
+    from retool.data.files import decode_utf8, reason
+
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a JSON lines file")
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file (a device, FIFO or socket)")
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = path.open("rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
     except OSError as exc:
-        raise DataError(f"{path}: cannot open ({exc.strerror})") from exc
+        raise DataError(f"{path}: cannot open ({reason(exc)})") from None
     with handle:
-        for lineno, line in enumerate(handle, start=1):
+        lineno = 0
+        while True:
+            try:
+                raw = handle.readline()
+            except OSError as exc:
+                raise DataError(f"{path}:{lineno + 1}: cannot read ({reason(exc)})") from None
+            if not raw:
+                return
+            lineno += 1
+            where = f"{path}:{lineno}"
+            line = decode_utf8(raw, str(path), first_line=lineno)  # strips a byte-order mark
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as exc:
@@ -97,6 +119,8 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a .jsonl or .parquet file")
     suffix = path.suffix.lower()
     if suffix in {".jsonl", ".json", ".ndjson"}:
         records: Iterable[tuple[str, Any]] = iter_jsonl(path)
@@ -120,17 +144,27 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
 
 
 def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -> int:
-    """Write examples atomically (temp file + rename); returns how many were written."""
+    """Write examples atomically (temp file + rename); returns how many were written.
+
+    A file system error is one :class:`DataError` naming ``path``. Several
+    files that must change together go through
+    :func:`retool.data.files.staged_output`.
+    """
+    from retool.data.files import reason
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     count = 0
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with tmp.open("w", encoding="utf-8") as handle:
             for example in examples:
                 handle.write(json.dumps(example.to_dict(), ensure_ascii=False) + "\n")
                 count += 1
         os.replace(tmp, path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write it ({reason(exc)})") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return count

@@ -46,20 +46,20 @@ def _sampler_dir(run: Path, recorded: str) -> Path | None:
     return next((c for c in candidates if (c / "retool_sampler.json").is_file()), None)
 
 
-def _from_run(spec: str, run: Path, step: int | None) -> ModelSpec:
+def _from_run(spec: str, run: Path, step: int | None, flag: str = "--model") -> ModelSpec:
     from retool.training.run_dir import RunDirectory
 
     try:
         records = RunDirectory(run).checkpoints()
     except Exception as exc:  # a damaged manifest
         raise ConfigError(
-            f"--model {spec}: cannot read {run / 'checkpoints.jsonl'}: {exc}"
+            f"{flag} {spec}: cannot read {run / 'checkpoints.jsonl'}: {exc}"
         ) from None
     usable = [(r, d) for r in records if (d := _sampler_dir(run, r.sampler_path)) is not None]
     if step is None:
         if not usable:
             raise ConfigError(
-                f"--model {spec}: the run directory has no complete checkpoint yet "
+                f"{flag} {spec}: the run directory has no complete checkpoint yet "
                 "(checkpoints.jsonl lists none whose sampler weights are on disk)"
             )
         record, directory = usable[-1]
@@ -70,18 +70,26 @@ def _from_run(spec: str, run: Path, step: int | None) -> ModelSpec:
     steps = sorted({r.step for r, _ in usable})
     available = ", ".join(map(str, steps)) if steps else "none"
     raise ConfigError(
-        f"--model {spec}: no checkpoint of step {step} in {run}; available: {available}"
+        f"{flag} {spec}: no checkpoint of step {step} in {run}; available: {available}"
     )
 
 
-def resolve_model_spec(spec: str) -> ModelSpec:
-    """Resolve ``--model`` (see the module docstring); raises :class:`ConfigError`."""
+def resolve_model_spec(spec: str, flag: str = "--model") -> ModelSpec:
+    """Resolve ``--model`` (see the module docstring); raises :class:`ConfigError`.
+
+    ``flag`` is how errors name the setting (``model.base_model`` when it came
+    from the config).
+    """
+    if not isinstance(spec, str):
+        raise ConfigError(f"{flag} must be a string, got {spec!r}")
     if not spec.strip():
-        raise ConfigError("--model must not be empty")
+        raise ConfigError(f"{flag} must not be empty")
+    if "\0" in spec:
+        raise ConfigError(f"{flag} must not contain a NUL character, got {spec!r}")
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_dir() and (path / "checkpoints.jsonl").is_file():
-            return _from_run(spec, path, None)
+            return _from_run(spec, path, None, flag)
         if path.is_dir() and (path / "retool_sampler.json").is_file():
             return ModelSpec(spec, "sampler", str(path))
         if path.is_dir() and (path / "config.json").is_file():
@@ -91,7 +99,7 @@ def resolve_model_spec(spec: str) -> ModelSpec:
         ):
             return ModelSpec(spec, "hf", str(path))
         raise ConfigError(
-            f"--model {spec}: not a model: expected a run directory (checkpoints.jsonl), saved "
+            f"{flag} {spec}: not a model: expected a run directory (checkpoints.jsonl), saved "
             "sampler weights (retool_sampler.json), an HF model directory (config.json) or a "
             f".gguf file, or an alias ({', '.join(ALIASES)})"
         )
@@ -100,16 +108,16 @@ def resolve_model_spec(spec: str) -> ModelSpec:
         run = Path(run_text).expanduser()
         if not (run.is_dir() and (run / "checkpoints.jsonl").is_file()):
             raise ConfigError(
-                f"--model {spec}: {run_text} is not a run directory (no checkpoints.jsonl); "
+                f"{flag} {spec}: {run_text} is not a run directory (no checkpoints.jsonl); "
                 "RUN_DIR@STEP picks a checkpoint of a `retool train` run"
             )
         try:
             step = int(step_text)
         except ValueError:
-            raise ConfigError(f"--model {spec}: the step after @ must be an integer") from None
-        return _from_run(spec, run, step)
+            raise ConfigError(f"{flag} {spec}: the step after @ must be an integer") from None
+        return _from_run(spec, run, step, flag)
     if spec in ALIASES:
         return ModelSpec(spec, "alias", spec)
     raise ConfigError(
-        f"--model {spec}: no such file or directory, and not an alias ({', '.join(ALIASES)})"
+        f"{flag} {spec}: no such file or directory, and not an alias ({', '.join(ALIASES)})"
     )

@@ -114,12 +114,11 @@ def sample_row(
 
 def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """Parsed lines with their numbers; a torn last line is dropped."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read ({exc})") from None
+    from retool.data.files import decode_utf8, read_bytes
+
+    data = read_bytes(path, what="results file", limit=2**31)
+    whole = data.rfind(b"\n") + 1  # a torn tail may end inside a UTF-8 character
+    text = decode_utf8(data[:whole], str(path)) + data[whole:].decode("utf-8", "replace")
     lines = text.split("\n")
     out = []
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
