@@ -14,8 +14,8 @@ def add_autoprint(code: str) -> ast.Module | str:
     """A module whose last bare expression is printed; the code if it does not parse."""
     try:
         tree = ast.parse(code, mode="exec")
-    except SyntaxError:
-        return code  # compile() will raise the same error with a proper traceback
+    except Exception:  # SyntaxError, NUL bytes, nesting too deep, unencodable text
+        return code  # compile() raises the same error, reported as the code's own
     if not tree.body or not isinstance(tree.body[-1], ast.Expr):
         return tree
     last = tree.body[-1]

@@ -219,29 +219,101 @@ def _reseed() -> None:
         numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
+# Bound at import: the call's code may replace these in ``os`` and ``traceback``,
+# and the epilogue of _run_code (after the code) must still work.
+_write, _exit = os.write, os._exit
+_TracebackException, _format_exception_only = (
+    traceback.TracebackException,
+    traceback.format_exception_only,
+)
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _ours(filename: str) -> bool:
+    """A frame of the sandbox runtime, or of the import machinery (hidden by Python too)."""
+    return filename.startswith(_RUNTIME_DIR) or filename.startswith("<frozen importlib._")
+
+
+def _trim(te: traceback.TracebackException, seen: set[int]) -> None:
+    """Drop our frames from ``te``, its causes, contexts and group members (in place)."""
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack[:] = [frame for frame in te.stack if not _ours(frame.filename)]
+    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
+        if other is not None:
+            _trim(other, seen)
+
+
+def _describe(exc: BaseException) -> str:
+    """The code's traceback with only the code's frames (and its libraries')."""
+    try:
+        te = _TracebackException.from_exception(exc)
+        _trim(te, set())
+        return "".join(te.format())
+    except BaseException:  # the code broke traceback/linecache: the last line only
+        try:
+            return "".join(_format_exception_only(type(exc), exc))
+        except BaseException:
+            return "Error: the code raised an exception that cannot be shown\n"
+
+
+def _write_text(fd: int, text: str) -> None:
+    data = memoryview(text.encode("utf-8", "backslashreplace"))
+    with contextlib.suppress(OSError):  # the code may have closed fd 2
+        while data:
+            data = data[_write(fd, data) :]
+
+
 def _run_code(code: str) -> int:
+    """Run ``code`` as ``__main__``; its exit status. Never raises.
+
+    What the call sees of a failure is its own: a syntax error, or a
+    traceback of its frames and its libraries' frames, never this runtime's.
+    The epilogue uses only objects bound before the code ran, so code that
+    closes or replaces ``sys.stdout``/``sys.stderr``, empties ``sys.modules``,
+    or replaces builtins and ``os`` functions cannot turn it into a traceback
+    of ours.
+    """
     from .autoprint import add_autoprint
 
-    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stdout, sys.stderr = out, err
     sys.argv = ["<code>"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    status = 0
+    status, message = 0, ""
     try:
-        exec(compile(add_autoprint(code), "<code>", "exec"), namespace)
+        program = compile(add_autoprint(code), "<code>", "exec")
+    except BaseException as exc:  # SyntaxError, NUL bytes, nesting too deep, surrogates
+        _write_text(2, _describe(exc))
+        return 1
+    try:
+        exec(program, namespace)
     except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException:
-        etype, value, tb = sys.exc_info()
-        # Drop our own frame so the traceback starts at the user's code.
-        traceback.print_exception(etype, value, tb.tb_next if tb else None)
-        status = 1
-    for stream in (sys.stdout, sys.stderr):
+        status, message = _exit_status(exc)
+    except BaseException as exc:  # KeyboardInterrupt and other BaseExceptions too
+        status, message = 1, _describe(exc)
+    streams = [sys.stdout, sys.stderr, out, err]  # the code's replacements first
+    for stream in [s for i, s in enumerate(streams) if all(s is not t for t in streams[:i])]:
         with contextlib.suppress(BaseException):
             stream.flush()
+    if message:
+        _write_text(2, message)
     return status
+
+
+def _exit_status(exc: SystemExit) -> tuple[int, str]:
+    """``sys.exit(x)`` as Python reports it: int -> status; anything else -> 1 and str(x)."""
+    code = exc.code
+    if code is None:
+        return 0, ""
+    if isinstance(code, int):
+        return code, ""
+    try:
+        return 1, f"{code}\n"
+    except BaseException:
+        return 1, "<exit message str() failed>\n"
 
 
 @dataclass(frozen=True)
@@ -307,8 +379,8 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         _apply_limits(request, own_uid=spec.uid is not None)
         if spec.fresh:  # a new interpreter reports "ready" itself, then runs the file
             path = os.path.join(os.getcwd(), ".retool_code.py")
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(request["code"])
+            with open(path, "w", encoding="utf-8", errors="surrogatepass") as handle:
+                handle.write(request["code"])  # the client refuses surrogates: as-is
             os.set_inheritable(ready_w, True)
             os.execv(
                 sys.executable,
@@ -328,9 +400,9 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         _reseed()
         status = _run_code(request["code"]) & 0xFF
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.write(2, ("sandbox setup failed: " + traceback.format_exc()).encode())
-    os._exit(status & 0xFF)
+        with contextlib.suppress(BaseException):
+            _write_text(2, "sandbox setup failed: " + traceback.format_exc())
+    _exit(status & 0xFF)
 
 
 _FRESH_BOOT = (
@@ -343,14 +415,14 @@ def run_file() -> None:
     """Entry point of fresh-interpreter mode: run the file ``argv[1]`` after telling
     B on fd ``argv[2]`` that set-up is done (and closing that fd)."""
     path, ready_w = sys.argv[1], int(sys.argv[2])
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8", errors="surrogatepass") as handle:
         code = handle.read()
     os.unlink(path)
     from .autoprint import add_autoprint  # noqa: F401 - imported before the code runs
 
     os.write(ready_w, b"1")
     os.close(ready_w)
-    os._exit(_run_code(code) & 0xFF)
+    _exit(_run_code(code) & 0xFF)
 
 
 def _child_b(
@@ -737,13 +809,18 @@ def _tail(path: str, cap: int) -> tuple[str, bool, int]:
 
 def kill_uid(uid: int) -> None:
     """SIGKILL every process owned by ``uid`` (basic level without cgroups)."""
+    kill_uids(uid, uid + 1)
+
+
+def kill_uids(low: int, high: int) -> None:
+    """SIGKILL every process owned by a uid in ``[low, high)``."""
     for _ in range(3):
         found = False
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
+                if low <= os.stat(f"/proc/{entry}").st_uid < high:
                     os.kill(int(entry), signal.SIGKILL)
                     found = True
             except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -810,13 +887,18 @@ def _run_reaper(
     alive_r: int,
     workdir: str,
     trainer_pidfd: int | None,
+    uids: tuple[int, int] | None = None,
+    held: tuple[int, ...] = (),
 ) -> None:
     """The reaper: once the trainer (lifeline, fd 0) or the server is gone, kill the
     instance's cgroup whole (every call, daemons included), remove it and the
-    server's directory."""
+    server's directory. Without a killable cgroup, a root server's calls are
+    found by their uids (``uids``: this instance's block, whose lock it keeps
+    until then). It keeps the ``held`` descriptors open until it exits: the
+    client's "gone" pipe (its proof that all of it is over) and the uid lock."""
     try:
         watched = [0, alive_r] + ([] if trainer_pidfd is None else [trainer_pidfd])
-        _close_all_except(*watched)
+        _close_all_except(*watched, *held)
         with contextlib.suppress(OSError):
             os.setsid()
         while True:
@@ -831,6 +913,8 @@ def _run_reaper(
             os.killpg(server_pid, signal.SIGKILL)
         if group is not None:
             group.kill_and_remove(within=5.0)
+        if uids is not None and (group is None or not group.killable):
+            kill_uids(*uids)
         shutil.rmtree(workdir, ignore_errors=True)
     finally:
         os._exit(0)
@@ -883,6 +967,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--boot-path", default="")
     parser.add_argument("--disable", default="", help="layers off, for benchmarks only")
+    parser.add_argument("--gone-fd", type=int, default=-1, help="held open until all is gone")
     args = parser.parse_args(argv)
     disabled = set(filter(None, args.disable.split(",")))
     workdir = args.dir
@@ -913,9 +998,13 @@ def main(argv: list[str] | None = None) -> None:
         trainer_pidfd = os.pidfd_open(os.getppid())
     alive_r, alive_w = os.pipe()
     server_pid = os.getpid()
+    uids = (uid_base, uid_base + UID_BLOCK) if real_root else None
+    held = tuple(fd for fd in (args.gone_fd, _uid_lock) if fd is not None and fd >= 0)
     if os.fork() == 0:
-        _run_reaper(group, server_pid, alive_r, workdir, trainer_pidfd)
+        _run_reaper(group, server_pid, alive_r, workdir, trainer_pidfd, uids, held)
     os.close(alive_r)
+    if args.gone_fd >= 0:
+        os.close(args.gone_fd)  # the reaper's now: EOF for the client once it has exited
     if trainer_pidfd is not None:
         os.close(trainer_pidfd)
     if group is not None:
