@@ -28,13 +28,23 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from pathlib import Path
 
+from retool.config import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import sanitize_observation
+from retool.sandbox.limits import (
+    MAX_OUTPUT_BYTES,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    MEMORY_MB_RANGE,
+    check_module_names,
+    screen_code,
+)
 from retool.sandbox.result import ErrorKind, ExecResult
 from retool.sandbox.server import recv_frame, send_frame
 from retool.sandbox.stats import SandboxStats
@@ -95,6 +105,16 @@ def _readable(conn: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
+def _wait_for_eof(fd: int, within: float) -> None:
+    """Wait until every writer of the pipe ``fd`` has exited (at most ``within`` s)."""
+    deadline = time.monotonic() + within
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    while (left := deadline - time.monotonic()) > 0:
+        if poller.poll(int(left * 1000) + 1) and not os.read(fd, 64):
+            return
+
+
 def _kill_cgroup(directory: str, within: float) -> None:
     """Kill every process left in a v2 cgroup and wait until it is empty."""
     deadline = time.monotonic() + within
@@ -139,8 +159,40 @@ def sandbox_env() -> dict[str, str]:
     return env
 
 
+def close_all() -> None:
+    """Close every ``LocalSandbox`` of this process, also one whose ``close()`` was cut
+    short; returns once all their calls, servers and directories are gone.
+
+    For a command stopped by a signal: it cannot know which sandboxes the code it
+    interrupted had opened.
+    """
+    for sandbox in list(_OPEN):
+        sandbox.close()
+
+
 class LocalSandbox:
-    """Runs untrusted Python snippets, isolated, limited and stateless."""
+    """Runs untrusted Python snippets, isolated, limited and stateless.
+
+    Arguments (each checked at construction, a :class:`ConfigError` naming it
+    otherwise; ranges in :mod:`retool.sandbox.limits`):
+
+    - ``timeout``: wall-clock seconds per call, in (0, 86400]; at the limit the
+      call and every process it started are killed.
+    - ``memory_mb``: MiB a call may allocate *on top of* the preloaded
+      interpreter, in [16, 1048576]. Headroom, not a total: the address-space
+      limit is the interpreter's size at the start of the call plus this, and
+      the call's cgroup (where writable) caps the memory the call itself
+      charges (new and copied-on-write pages, tmpfs files) at this plus 32 MiB.
+      The preloaded modules are shared with the server and charged to it, so
+      every call gets the same room whatever is preloaded (about 140 MiB of
+      address space and 55 MiB resident for the default preload).
+    - ``max_workers``: calls running at once, in [1, 256].
+    - ``preload``: module names imported once by the server (a sequence).
+    - ``isolation``: ``auto`` (the best this machine allows), ``strict``
+      (refuse anything below full isolation), ``none`` (no namespaces: the
+      basic level, for measuring).
+    - ``max_output_bytes``: tail kept of stdout and of stderr, in [1, 8 MiB].
+    """
 
     # Layers switched off ("seccomp", "cgroups"): only for measuring their cost.
     _disable_layers: tuple[str, ...] = ()
@@ -154,22 +206,22 @@ class LocalSandbox:
         isolation: str = "auto",
         max_output_bytes: int = 16384,
     ) -> None:
-        if timeout <= 0:
-            raise ConfigError(f"sandbox timeout must be > 0 seconds, got {timeout}")
-        if memory_mb <= 0:
-            raise ConfigError(f"sandbox memory_mb must be > 0, got {memory_mb}")
-        if max_workers <= 0:
-            raise ConfigError(f"sandbox max_workers must be >= 1, got {max_workers}")
-        if max_output_bytes <= 0:
-            raise ConfigError(f"sandbox max_output_bytes must be > 0, got {max_output_bytes}")
-        if isolation not in ("auto", "strict", "none"):
-            raise ConfigError(f"sandbox isolation must be auto, strict or none, got {isolation!r}")
+        check_number("LocalSandbox timeout (seconds)", timeout, 0, MAX_TIMEOUT_S, low_open=True)
+        check_number("LocalSandbox memory_mb", memory_mb, *MEMORY_MB_RANGE, integer=True)
+        check_number("LocalSandbox max_workers", max_workers, 1, MAX_WORKERS, integer=True)
+        check_number(
+            "LocalSandbox max_output_bytes", max_output_bytes, 1, MAX_OUTPUT_BYTES, integer=True
+        )
         self.timeout = float(timeout)
         self.memory_mb = int(memory_mb)
         self.max_workers = int(max_workers)
-        self.preload = tuple(preload)
-        self.isolation = isolation
         self.max_output_bytes = int(max_output_bytes)
+        self.preload = check_module_names("LocalSandbox preload", preload)
+        if not isinstance(isolation, str) or isolation not in ("auto", "strict", "none"):
+            raise ConfigError(
+                f"LocalSandbox isolation must be auto, strict or none, got {isolation!r}"
+            )
+        self.isolation = isolation
         self.stats = SandboxStats()
         self.missing: list[str] = []  # what keeps this machine from full isolation
         self.preloaded: list[str] = []
@@ -183,8 +235,14 @@ class LocalSandbox:
         self.connections_opened = 0  # handler connections made (at most max_workers live)
         self._dir = ""
         self._cgroup: dict[str, str] | None = None
+        self._gone_r = -1  # EOF once the server and its reaper have both exited
         self._closed = False
-        self._start_server()
+        _OPEN.add(self)
+        try:
+            self._start_server()
+        except BaseException:  # an interrupt while starting: nothing may be left behind
+            self.close()
+            raise
 
     # -- server lifecycle -----------------------------------------------------
     def _start_server(self) -> None:
@@ -211,7 +269,41 @@ class LocalSandbox:
         self._dir = tempfile.mkdtemp(prefix="retool-sandbox-")
         os.chmod(self._dir, 0o711)  # sandbox uids must reach their scratch dirs (basic)
         boot_path = _install_runtime(self._dir)
-        server = subprocess.Popen(
+        self._gone_r, gone_w = os.pipe()
+        try:
+            self._popen_server(preload, boot_path, gone_w)
+        finally:
+            os.close(gone_w)  # only the server and then its reaper hold it
+        # Held in self._server from here on: whatever interrupts the start-up,
+        # _stop_server can find and end the server, its reaper and its calls.
+        assert self._server is not None and self._server.stdout is not None
+        line = self._server.stdout.readline()
+        if not line:
+            self._stop_server()
+            raise SandboxError("the sandbox server failed to start")
+        ready = json.loads(line)
+        level = IsolationLevel(ready["level"])
+        self.missing = list(ready["missing"])
+        self.preloaded = list(ready["preloaded"])
+        self._cgroup = ready.get("cgroup")
+        if self.isolation == "strict" and level != IsolationLevel.FULL:
+            self._stop_server()
+            raise SandboxError(
+                "isolation='strict' needs full isolation, but this machine lacks: "
+                + "; ".join(self.missing)
+            )
+        # isolation='none' asked for the basic level: no warning for getting it.
+        if level != IsolationLevel.FULL and self.isolation == "auto" and self._generation == 0:
+            log.warning(
+                "sandbox isolation is %s, not full: missing %s",
+                level.value,
+                "; ".join(self.missing),
+            )
+        self.isolation_level = level
+        self._generation += 1
+
+    def _popen_server(self, preload: Sequence[str], boot_path: str, gone_w: int) -> None:
+        self._server = subprocess.Popen(
             [
                 sys.executable,
                 "-I",  # no PYTHON* variables, no cwd or script dir on sys.path
@@ -231,7 +323,10 @@ class LocalSandbox:
                 boot_path,
                 "--disable",
                 ",".join(self._disable_layers),
+                "--gone-fd",
+                str(gone_w),
             ],
+            pass_fds=(gone_w,),
             stdin=subprocess.PIPE,  # the lifeline: its end kills every call (reaper)
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -240,32 +335,6 @@ class LocalSandbox:
             close_fds=True,
             start_new_session=True,
         )
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        if not line:
-            self._server = server
-            self._stop_server()
-            raise SandboxError("the sandbox server failed to start")
-        ready = json.loads(line)
-        level = IsolationLevel(ready["level"])
-        self.missing = list(ready["missing"])
-        self.preloaded = list(ready["preloaded"])
-        self._cgroup = ready.get("cgroup")
-        self._server = server
-        if self.isolation == "strict" and level != IsolationLevel.FULL:
-            self._stop_server()
-            raise SandboxError(
-                "isolation='strict' needs full isolation, but this machine lacks: "
-                + "; ".join(self.missing)
-            )
-        if level != IsolationLevel.FULL and self._generation == 0:
-            log.warning(
-                "sandbox isolation is %s, not full: missing %s",
-                level.value,
-                "; ".join(self.missing),
-            )
-        self.isolation_level = level
-        self._generation += 1
 
     def _restart(self, generation: int) -> None:
         with self._lock:
@@ -275,26 +344,40 @@ class LocalSandbox:
             self._start_server()
 
     def _stop_server(self) -> None:
-        """Kill the server and every call it runs; wait until they are all gone."""
+        """Kill the server and every call it runs; wait until they are all gone.
+
+        Idempotent, so a stop cut short (an interrupt) can be finished by the
+        next ``close()``. The reaper does the killing (the instance's cgroup
+        whole, or the instance's uids) and removes the directory; waiting for
+        it to exit (the "gone" pipe, held only by the server and then the
+        reaper, reaches EOF) is what makes "gone" true on return, with or
+        without cgroups, rather than a moment later.
+        """
         while True:
             try:
                 _, conn = self._idle.get_nowait()
             except queue.Empty:
                 break
             conn.close()
-        server, self._server = self._server, None
+        server = self._server
         if server is not None:
             if server.stdin is not None:
-                server.stdin.close()  # the reaper kills the instance's cgroup whole
+                server.stdin.close()  # the lifeline: the reaper wakes up and kills
             server.kill()
             server.wait()
             if server.stdout is not None:
                 server.stdout.close()
+            self._server = None
+        if self._gone_r >= 0:
+            _wait_for_eof(self._gone_r, within=10.0)
+            os.close(self._gone_r)
+            self._gone_r = -1
         cgroup_dir = (self._cgroup or {}).get("v2")
         if cgroup_dir:
             _kill_cgroup(cgroup_dir, within=2.0)
         self._cgroup = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     @property
     def degraded(self) -> bool:
@@ -330,18 +413,30 @@ class LocalSandbox:
             raise SandboxError("the sandbox is closed")
 
     # -- running code ---------------------------------------------------------
+    def _screen(self, code: object, timeout: object) -> tuple[float, ExecResult | None]:
+        """The call's time limit, and the refusal of code that must not be sent."""
+        limit = self.timeout
+        if timeout is not None:
+            check_number("LocalSandbox.run timeout", timeout, 0, MAX_TIMEOUT_S, low_open=True)
+            limit = float(timeout)  # type: ignore[arg-type]  # checked: a real number
+        refused = screen_code(code, self.isolation_level.value, self.degraded)
+        return limit, refused
+
     def run(self, code: str, timeout: float | None = None) -> ExecResult:
         """Run ``code`` and wait for its result (at most the timeout plus set-up).
 
         The code is delivered at most once: if the connection or the server
         fails after it was sent, the call fails with ``ErrorKind.SANDBOX`` and
-        is never run again behind the caller's back. Raises ``SandboxError``
-        after (or during) ``close()``.
+        is never run again behind the caller's back. Code larger than
+        ``MAX_CODE_BYTES`` or not UTF-8 text is refused unsent
+        (``ErrorKind.ERROR``); a ``code`` that is not a ``str`` raises
+        ``ConfigError``. Raises ``SandboxError`` after (or during) ``close()``.
         """
         self._check_open()
-        limit = self.timeout if timeout is None else float(timeout)
-        if limit <= 0:
-            raise ConfigError(f"sandbox timeout must be > 0 seconds, got {limit}")
+        limit, refused = self._screen(code, timeout)
+        if refused is not None:
+            self.stats.record(refused)
+            return refused
         request = {
             "code": code,
             "timeout": limit,
@@ -402,6 +497,7 @@ class LocalSandbox:
     async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
         """``run`` from an event loop, without blocking it."""
         self._check_open()
+        self._screen(code, timeout)  # argument errors raise here, in the caller
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.run, code, timeout)
 
@@ -411,7 +507,9 @@ class LocalSandbox:
         files' sizes, and whether set-up finished (never from the call's output)."""
         level, degraded = self.isolation_level.value, self.degraded
         if reply is None or "error" in reply:
-            why = failure or f"the sandbox handler failed: {(reply or {}).get('error', '')}"
+            why = failure or "the sandbox handler failed"
+            if reply is not None:  # our bug: for the log, never for the model
+                log.warning("sandbox handler error: %s", reply["error"])
             return ExecResult(
                 False,
                 "",
@@ -432,6 +530,10 @@ class LocalSandbox:
             kind = ErrorKind.TIMEOUT
         elif not reply.get("ready", True):
             kind = ErrorKind.SANDBOX
+            # The set-up's own traceback: for the log, never for the model.
+            detail = (reply["stderr"].strip().splitlines() or ["no detail"])[-1]
+            log.warning("sandbox call set-up failed: %s", detail)
+            stdout, stderr = "", "the sandbox could not set up this call; the code did not run"
         elif reply.get("oom_killed"):
             kind = ErrorKind.MEMORY
         elif code == 0:
@@ -462,9 +564,10 @@ class LocalSandbox:
     # -- lifecycle ------------------------------------------------------------
     def close(self) -> None:
         """Kill every call in flight (their ``run`` raises ``SandboxError``) and the
-        server; returns once they are gone."""
-        if self._closed:
-            return
+        server; returns once they and the sandbox's temporary directory are gone.
+
+        Safe to call again, also after a close cut short by an interrupt.
+        """
         self._closed = True
         with self._lock:
             self._stop_server()
@@ -479,3 +582,6 @@ class LocalSandbox:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+_OPEN: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()  # for close_all()

@@ -11,7 +11,8 @@ class ErrorKind(StrEnum):
     """Why a call did not succeed (``None`` on ``ExecResult`` when it did)."""
 
     ERROR = "error"
-    """The code raised or exited non-zero."""
+    """The code raised or exited non-zero, or was refused unrun (larger than
+    ``MAX_CODE_BYTES``, or not UTF-8 text)."""
     TIMEOUT = "timeout"
     """The wall-clock limit was hit; the whole process tree was killed."""
     MEMORY = "memory"
