@@ -1,13 +1,39 @@
-"""``retool sandbox``: run one snippet, check isolation, benchmark."""
+"""``retool sandbox``: run one snippet, check isolation, benchmark.
+
+Input is checked before the sandbox starts: the code is read in one bounded
+read (``MAX_CODE_BYTES`` + 1 bytes, so a gigabyte on stdin costs nothing), must
+be UTF-8 text without NUL bytes (the error names the file or stdin, the line
+and the byte offset), and every number option is finite and in its range.
+
+Ctrl-C and SIGTERM stop a command cleanly: the first one raises inside the
+command (later ones only wait), the sandbox is closed (its calls, their
+daemons, its server and its temporary directory are gone when ``close()``
+returns), one line is printed and the exit status is 128 + the signal (130,
+143).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
+from retool.config import check_number
 from retool.errors import ConfigError
 from retool.protocol.sanitize import escape_control
+from retool.sandbox.limits import MAX_CODE_BYTES, MAX_TIMEOUT_S, MEMORY_MB_RANGE
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_MAX_BENCH_N = 10_000
+_MAX_BENCH_WORKERS = 64
+_ISOLATION_HELP = (
+    "auto: the strongest this machine allows; strict: refuse to run below full "
+    "isolation; none: no namespaces (the basic level) (default: auto)"
+)
 
 
 def _say(text: str, end: str = "\n") -> None:
@@ -26,89 +52,264 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run = verbs.add_parser(
         "exec",
         help="run one snippet (a file, or - for stdin)",
-        description="Run one Python snippet in the sandbox and print what "
-        "the model would see (or the full result with --json).",
+        description="Run one Python snippet in the sandbox and print what the model would "
+        f"see (or the full result with --json). The code must be UTF-8 text of at most "
+        f"{MAX_CODE_BYTES} bytes. Exit status: 0 if the snippet succeeded, 1 if it failed, "
+        "2 for bad input, 130/143 when stopped by Ctrl-C/SIGTERM (the snippet and every "
+        "process it started are killed first).",
     )
-    run.add_argument("file", nargs="?", default="-", help="a .py file, or - for stdin")
-    run.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    run.add_argument("--memory-mb", type=int, default=1024, help="memory cap (default 1024)")
-    run.add_argument("--isolation", default="auto", choices=["auto", "strict", "none"])
-    run.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
+    run.add_argument(
+        "file",
+        nargs="?",
+        default="-",
+        help="a Python file, or - to read the code from stdin (default: -)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="wall-clock limit of the snippet; at the limit it and every process it started "
+        f"are killed; (0, {MAX_TIMEOUT_S:g}] (default: 10)",
+    )
+    run.add_argument(
+        "--memory-mb",
+        type=int,
+        default=1024,
+        metavar="MIB",
+        help="memory the snippet may allocate on top of the preloaded interpreter (about "
+        "140 MiB of address space with numpy and sympy): headroom, not a cap on the "
+        f"process's total; [{MEMORY_MB_RANGE[0]}, {MEMORY_MB_RANGE[1]}] (default: 1024)",
+    )
+    run.add_argument(
+        "--isolation", default="auto", choices=["auto", "strict", "none"], help=_ISOLATION_HELP
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the whole ExecResult as JSON (default: off)"
+    )
     run.set_defaults(handler=_exec)
 
     check = verbs.add_parser(
         "check",
         help="show the isolation level reached here",
         description="Start the sandbox and report its isolation level and "
-        "what is missing for full isolation.",
+        "what is missing for full isolation. Exit status 0 at full isolation, 1 below it.",
     )
-    check.add_argument("--isolation", default="auto", choices=["auto", "strict", "none"])
+    check.add_argument(
+        "--isolation", default="auto", choices=["auto", "strict", "none"], help=_ISOLATION_HELP
+    )
     check.set_defaults(handler=_check)
 
     bench = verbs.add_parser(
         "bench",
         help="latency/throughput against fresh python -c",
-        description="Time snippets under fresh `python -c` and the sandbox.",
+        description="Time snippets under fresh `python -c` and under the sandbox, at this "
+        "machine's isolation level and at the basic level (isolation='none', for comparison), "
+        "then the cost of each isolation layer. Prints each row as it is measured.",
     )
-    bench.add_argument("--n", type=int, default=30, help="calls per measurement (default 30)")
-    bench.add_argument("--workers", type=int, default=2, help="parallel workers (default 2)")
+    bench.add_argument(
+        "--n",
+        type=int,
+        default=30,
+        help=f"calls timed per measurement; [1, {_MAX_BENCH_N}] (default: 30)",
+    )
+    bench.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="parallel calls in the throughput measurement, and workers of each sandbox; "
+        f"[1, {_MAX_BENCH_WORKERS}] (default: 2)",
+    )
     bench.set_defaults(handler=_bench)
 
 
+# -- reading the code ------------------------------------------------------------
+def read_code(file: str) -> str:
+    """The snippet in ``file`` (``-``: stdin), checked before any sandbox starts.
+
+    One bounded read of ``MAX_CODE_BYTES + 1`` bytes: larger input is refused
+    without reading the rest. Errors are :class:`ConfigError` naming the
+    source, and for bad bytes the line and the byte offset.
+    """
+    if file == "-":
+        source = "stdin"
+        if sys.stdin is None:
+            raise ConfigError("stdin is closed; pass the code as a file")
+        if sys.stdin.isatty():
+            print(
+                "retool: reading the code from stdin; end it with Ctrl-D (or pass a file)",
+                file=sys.stderr,
+                flush=True,
+            )
+        data = sys.stdin.buffer.read(MAX_CODE_BYTES + 1)
+    else:
+        source = file
+        try:
+            with open(file, "rb") as handle:
+                data = handle.read(MAX_CODE_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_CODE_BYTES:
+        raise ConfigError(
+            f"{source}: the code is over {MAX_CODE_BYTES} bytes, the sandbox's limit "
+            "(MAX_CODE_BYTES); pass a smaller snippet"
+        )
+    skip = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
+    try:
+        code = data[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = skip + exc.start
+        raise ConfigError(
+            f"{_where(source, data, offset)}: not UTF-8 text (byte 0x{data[offset]:02x}); "
+            "save the code as UTF-8"
+        ) from None
+    if "\0" in code:
+        raise ConfigError(
+            f"{_where(source, data, data.index(0))}: a NUL byte, so not Python source "
+            "(a binary or UTF-16 file?); save the code as UTF-8"
+        )
+    return code
+
+
+def _where(source: str, data: bytes, offset: int) -> str:
+    return f"{source}: line {data.count(10, 0, offset) + 1}, byte offset {offset}"
+
+
+# -- interrupts ------------------------------------------------------------------
+class _Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached a ``retool sandbox`` command."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _StopOnSignals:
+    """SIGINT/SIGTERM raise :class:`_Stopped` once; later ones are only recorded.
+
+    Raising once means the clean-up that the first interrupt starts (closing
+    the sandbox) cannot itself be interrupted and left half done; it is
+    bounded, so a second Ctrl-C only has to wait a moment.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._raised = False
+        self._previous: dict[int, Any] = {}
+
+    def defer(self) -> None:
+        """From now on, record signals without raising."""
+        self._raised = True
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self._raised:
+            self._raised = True
+            raise _Stopped(signum)
+
+    def __enter__(self) -> _StopOnSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals reach the main thread only (the CLI's)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def _stoppable(work: Callable[[], int]) -> int:
+    """Run ``work()``; on SIGINT/SIGTERM, stop it and exit 128 + the signal.
+
+    Every sandbox of this process is closed (its calls, their daemons, its
+    server and its temporary directory gone) before this returns, also one
+    whose own ``close()`` the interrupt cut short.
+    """
+    from retool.sandbox.local import close_all
+
+    status = 0
+    with _StopOnSignals() as signals:
+        try:
+            try:
+                status = work()
+            finally:
+                signals.defer()
+        except _Stopped:
+            pass
+        finally:
+            close_all()
+    if signals.signum is not None:
+        name = signal.Signals(signals.signum).name
+        print(f"retool: stopped by {name}; the sandbox and all it ran are gone", file=sys.stderr)
+        return 128 + signals.signum
+    return status
+
+
+# -- the verbs ---------------------------------------------------------------------
 def _exec(args: argparse.Namespace) -> int:
     from retool.sandbox import LocalSandbox, format_tool_content
 
-    if args.file == "-":
-        code = sys.stdin.read()
-    else:
-        try:
-            with open(args.file, encoding="utf-8") as handle:
-                code = handle.read()
-        except OSError as exc:
-            raise ConfigError(f"{args.file}: cannot read ({exc.strerror})") from None
-    with LocalSandbox(
-        timeout=args.timeout, memory_mb=args.memory_mb, max_workers=1, isolation=args.isolation
-    ) as sandbox:
-        result = sandbox.run(code)
-    if args.json:
-        print(json.dumps(result.to_dict()))  # json.dumps escapes control characters
-    else:
-        _say(format_tool_content(result, args.timeout), end="")
-    return 0 if result.ok else 1
+    check_number("--timeout (seconds)", args.timeout, 0, MAX_TIMEOUT_S, low_open=True)
+    check_number("--memory-mb", args.memory_mb, *MEMORY_MB_RANGE, integer=True)
+    timeout, memory_mb = args.timeout, args.memory_mb
+    code = read_code(args.file)
+
+    def work() -> int:
+        with LocalSandbox(
+            timeout=timeout, memory_mb=memory_mb, max_workers=1, isolation=args.isolation
+        ) as sandbox:
+            result = sandbox.run(code)
+        if args.json:
+            print(json.dumps(result.to_dict()))  # json.dumps escapes control characters
+        else:
+            _say(format_tool_content(result, timeout), end="")
+        return 0 if result.ok else 1
+
+    return _stoppable(work)
 
 
 def _check(args: argparse.Namespace) -> int:
     from retool.sandbox import IsolationLevel, LocalSandbox
 
-    with LocalSandbox(max_workers=1, isolation=args.isolation) as sandbox:
-        level = sandbox.isolation_level
-        degraded = sandbox.degraded
-        probe = sandbox.run(
-            "import socket, os\ntry:\n    socket.create_connection(('1.1.1.1', 80),"
-            " timeout=1)\n    print('network: reachable')\nexcept OSError:\n"
-            "    print('network: none')\nprint('uid:', os.getuid())"
-        )
-    _say(f"isolation level: {level}")
-    _say(f"preloaded: {', '.join(sandbox.preloaded) or 'nothing (fresh interpreter per call)'}")
-    for line in probe.stdout.strip().splitlines():
-        _say(f"probe {line}")
-    if level == IsolationLevel.FULL:
-        _say(
-            "full isolation: mount, PID, IPC, UTS and network namespaces; read-only root; "
-            "private /tmp and /dev/shm; unprivileged uid or no capabilities; no_new_privs; "
-            "seccomp; a cgroup per call (memory, processes, kill); rlimits"
-        )
-    for item in sandbox.missing:
-        _say(f"missing: {item}")
-    if degraded:
-        _say("degraded: calls run without some isolation layers (see missing)")
-    return 0 if level == IsolationLevel.FULL else 1
+    def work() -> int:
+        with LocalSandbox(max_workers=1, isolation=args.isolation) as sandbox:
+            level = sandbox.isolation_level
+            degraded = sandbox.degraded
+            probe = sandbox.run(
+                "import socket, os\ntry:\n    socket.create_connection(('1.1.1.1', 80),"
+                " timeout=1)\n    print('network: reachable')\nexcept OSError:\n"
+                "    print('network: none')\nprint('uid:', os.getuid())"
+            )
+        _say(f"isolation level: {level}")
+        _say(f"preloaded: {', '.join(sandbox.preloaded) or 'nothing (fresh interpreter per call)'}")
+        for line in probe.stdout.strip().splitlines():
+            _say(f"probe {line}")
+        if level == IsolationLevel.FULL:
+            _say(
+                "full isolation: mount, PID, IPC, UTS and network namespaces; read-only root; "
+                "private /tmp and /dev/shm; unprivileged uid or no capabilities; no_new_privs; "
+                "seccomp; a cgroup per call (memory, processes, kill); rlimits"
+            )
+        for item in sandbox.missing:
+            _say(f"missing: {item}")
+        if degraded:
+            _say("degraded: calls run without some isolation layers (see missing)")
+        return 0 if level == IsolationLevel.FULL else 1
+
+    return _stoppable(work)
 
 
 def _bench(args: argparse.Namespace) -> int:
     from retool.sandbox.bench import run_bench
 
-    if args.n <= 0 or args.workers <= 0:
-        raise ConfigError("--n and --workers must be >= 1")
-    run_bench(n=args.n, workers=args.workers)
-    return 0
+    check_number("--n", args.n, 1, _MAX_BENCH_N, integer=True)
+    check_number("--workers", args.workers, 1, _MAX_BENCH_WORKERS, integer=True)
+    n, workers = args.n, args.workers
+
+    def work() -> int:
+        run_bench(n=n, workers=workers)
+        return 0
+
+    return _stoppable(work)

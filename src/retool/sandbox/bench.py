@@ -62,10 +62,13 @@ def _time(fn: Callable[[], object], n: int) -> Timing:
 
 
 def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
-    with ThreadPoolExecutor(workers) as pool:
+    pool = ThreadPoolExecutor(workers)
+    try:
         started = time.perf_counter()
         list(pool.map(lambda _: fn(), range(n)))
-    return n / (time.perf_counter() - started)
+        return n / (time.perf_counter() - started)
+    finally:  # interrupted: the queued calls are dropped, only running ones finish
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _without(*layers: str) -> type[LocalSandbox]:
