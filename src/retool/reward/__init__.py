@@ -4,6 +4,11 @@
 (a wrong answer, no box at all, or an equivalence check that ran out of time).
 The reward never looks at how the answer was reached: tool use is learned only
 through its effect on the final answer.
+
+Arguments are checked on entry (:mod:`retool.reward.arguments`): texts must be
+``str``, a reference may also be a number (``2``, ``0.75``), timeouts and
+worker counts are finite and in range; anything else is a ``ConfigError``
+naming the argument.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from retool.errors import ConfigError
+from retool.reward.arguments import check_text, check_timeout, check_workers, reference_text
 from retool.reward.boxed import TAIL_CHARS, extract_boxed
 from retool.reward.verify import EquivalenceChecker, Verdict, default_checker
 
@@ -43,9 +49,16 @@ def _result(answer: str | None, verdict: Verdict | None) -> RewardResult:
 
 
 def score_answer(
-    text: str, reference: str, timeout: float = 5.0, checker: EquivalenceChecker | None = None
+    text: str,
+    reference: str | float,
+    timeout: float = 5.0,
+    checker: EquivalenceChecker | None = None,
 ) -> RewardResult:
-    """Score ``text`` against ``reference``; never runs longer than ``timeout`` per check."""
+    """Score ``text`` against ``reference`` (text, or a number such as ``42``); never
+    runs longer than ``timeout`` seconds per check."""
+    check_text("score_answer text", text, "the model's final text")
+    reference = reference_text("score_answer reference", reference)
+    timeout = check_timeout("score_answer timeout (seconds)", timeout)
     answer = extract_boxed(text)
     if answer is None:
         return _result(None, None)
@@ -60,9 +73,26 @@ def score_many(
     workers: int = 2,
     checker: EquivalenceChecker | None = None,
 ) -> list[RewardResult]:
-    """Score many answers using ``workers`` processes in parallel; order is preserved."""
+    """Score many answers using ``workers`` processes in parallel; order is preserved.
+
+    ``references`` may hold numbers as well as text, as in :func:`score_answer`.
+    """
+    for name, value in (("texts", texts), ("references", references)):
+        if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+            raise ConfigError(
+                f"score_many {name} must be a sequence (a list), got {type(value).__name__}"
+            )
     if len(texts) != len(references):
-        raise ValueError(f"{len(texts)} texts but {len(references)} references")
+        raise ConfigError(
+            f"score_many got {len(texts)} texts but {len(references)} references; "
+            "pass one reference per text"
+        )
+    texts = [check_text(f"score_many texts[{i}]", t, "a final text") for i, t in enumerate(texts)]
+    references = [
+        reference_text(f"score_many references[{i}]", ref) for i, ref in enumerate(references)
+    ]
+    timeout = check_timeout("score_many timeout (seconds)", timeout)
+    workers = check_workers("score_many workers", workers)
     answers = [extract_boxed(t) for t in texts]
     checker = checker or default_checker(workers=workers)
     todo = [(i, a) for i, a in enumerate(answers) if a is not None]
@@ -95,9 +125,14 @@ def load_reward_function(spec: str) -> Scorer:
     The function takes ``(final_text, reference)`` and returns a
     :class:`RewardResult` or a number (a number ``> 0`` counts as correct).
     It runs in the trainer's process: it is configuration, never model output.
+    A value that is neither (``None``, ``nan``, a string) is a ``ConfigError``
+    naming the function, not a reward.
     """
     import importlib
+    import math
+    import numbers
 
+    check_text("reward.function", spec, "'package.module:function'")
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"reward.function must look like 'package.module:function', got {spec!r}")
@@ -115,6 +150,11 @@ def load_reward_function(spec: str) -> Scorer:
         value = function(text, reference)
         if isinstance(value, RewardResult):
             return value
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ConfigError(
+                f"reward.function {spec!r} returned {value!r}; it must return a RewardResult "
+                "or a finite number"
+            )
         reward = float(value)
         return RewardResult(reward, correct=reward > 0, valid_format=True, answer=None)
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 
+from retool.config import check_number
+from retool.reward.arguments import check_text
+
 TAIL_CHARS = 300
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -30,7 +33,10 @@ def _balanced(text: str, open_brace: int) -> str | None:
 
 
 def extract_boxed(text: str, tail_chars: int = TAIL_CHARS) -> str | None:
-    """The content of the last complete box in the last ``tail_chars`` characters."""
+    """The content of the last complete box in the last ``tail_chars`` characters
+    (``0``: the whole text)."""
+    check_text("extract_boxed text", text, "the model's final text")
+    check_number("extract_boxed tail_chars", tail_chars, 0, integer=True)
     window = text[-tail_chars:] if tail_chars > 0 else text
     for match in reversed(list(_BOX_RE.finditer(window))):
         content = _balanced(window, match.end() - 1)

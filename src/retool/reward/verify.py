@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from retool.errors import ConfigError
+from retool.reward.arguments import check_text, check_timeout, check_workers, reference_text
 
 _INT_RE = re.compile(r"^[+-]?\d{1,64}$")
 _STARTUP_GRACE_S = 120.0  # a new worker's imports (about 1 s; more on a loaded machine)
@@ -136,12 +136,8 @@ class EquivalenceChecker:
     """A pool of math-verify worker processes with a hard per-check deadline."""
 
     def __init__(self, timeout: float = 5.0, workers: int = 1) -> None:
-        if timeout <= 0:
-            raise ConfigError(f"reward timeout must be > 0 seconds, got {timeout}")
-        if workers <= 0:
-            raise ConfigError(f"reward workers must be >= 1, got {workers}")
-        self.timeout = timeout
-        self.workers = workers
+        self.timeout = check_timeout("EquivalenceChecker timeout (seconds)", timeout)
+        self.workers = check_workers("EquivalenceChecker workers", workers)
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         for _ in range(workers):
             self._idle.put(None)  # a slot; its process starts on first use
@@ -150,11 +146,15 @@ class EquivalenceChecker:
         self.timeouts = 0  # checks killed at the deadline
         self._closed = False
 
-    def check(self, answer: str, reference: str, timeout: float | None = None) -> Verdict:
+    def check(self, answer: str, reference: str | float, timeout: float | None = None) -> Verdict:
         """Whether ``answer`` equals ``reference``, decided within ``timeout`` seconds.
 
-        ``timeout`` defaults to the checker's own.
+        ``reference`` may be a number; ``timeout`` defaults to the checker's own.
         """
+        check_text("EquivalenceChecker.check answer", answer, "the boxed answer")
+        reference = reference_text("EquivalenceChecker.check reference", reference)
+        if timeout is not None:
+            timeout = check_timeout("EquivalenceChecker.check timeout (seconds)", timeout)
         timeout = self.timeout if timeout is None else timeout
         a, r = _plain_int(answer), _plain_int(reference)
         if a is not None and r is not None:
@@ -222,6 +222,7 @@ _default_lock = threading.Lock()
 
 def default_checker(workers: int = 1) -> EquivalenceChecker:
     """A process-wide checker, created on first use and closed at exit."""
+    workers = check_workers("default_checker workers", workers)
     global _default
     with _default_lock:
         if _default is None or _default.workers < workers:
