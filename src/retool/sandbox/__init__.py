@@ -5,16 +5,19 @@ inside fresh namespaces with a read-only root, no network, an empty
 environment and per-call limits; ``format_tool_content`` turns the result into
 the observation the model reads. See ``server.py`` for the process tree.
 ``FusionSandbox`` (``fusion.py``) gives the same interface and results over a
-SandboxFusion service's HTTP ``run_code`` API.
+SandboxFusion service's HTTP ``run_code`` API. Both refuse code over
+``MAX_CODE_BYTES`` or not UTF-8 text unrun (``limits.py``).
 """
 
 from retool.sandbox.fusion import FusionSandbox
+from retool.sandbox.limits import MAX_CODE_BYTES
 from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox, sandbox_env
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
 from retool.sandbox.stats import SandboxStats
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "MAX_CODE_BYTES",
     "ErrorKind",
     "ExecResult",
     "FusionSandbox",
