@@ -27,7 +27,7 @@ import re
 import shutil
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,7 +219,7 @@ def check_extras(backend: str) -> Check:
 # -- credentials -------------------------------------------------------------------
 
 
-def pytrio_credentials(environ: dict[str, str] | None = None, home: Path | None = None) -> str:
+def pytrio_credentials(environ: Mapping[str, str] | None = None, home: Path | None = None) -> str:
     """Where PyTRIO would find an API key ("" when nowhere); the value is never returned.
 
     As the SDK resolves it (pytrio/config/environment.py, config.py,
@@ -227,11 +227,11 @@ def pytrio_credentials(environ: dict[str, str] | None = None, home: Path | None 
     profile's ``config.toml`` under ``~/.pytrio`` (``trio login``); the
     active profile is ``PYTRIO_ENV`` or ``env.toml``'s ``active_env``.
     """
-    environ = os.environ if environ is None else environ
-    if environ.get("PYTRIO_API_KEY", "").strip():
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if env.get("PYTRIO_API_KEY", "").strip():
         return "PYTRIO_API_KEY"
     root = (home or Path.home()) / ".pytrio"
-    active = environ.get("PYTRIO_ENV", "").strip()
+    active = env.get("PYTRIO_ENV", "").strip()
     if not active:
         active = str(_read_toml(root / "env.toml").get("active_env", "")).strip()
     profile = root / "config.toml" if not active else root / "envs" / active / "config.toml"
@@ -240,16 +240,16 @@ def pytrio_credentials(environ: dict[str, str] | None = None, home: Path | None 
     return ""
 
 
-def tinker_credentials(environ: dict[str, str] | None = None, home: Path | None = None) -> str:
+def tinker_credentials(environ: Mapping[str, str] | None = None, home: Path | None = None) -> str:
     """Where Tinker would find a credential ("" when nowhere); the value is never returned.
 
     As the SDK resolves it (tinker/lib/_auth_token_provider.py,
     tinker/lib/credentials.py): ``TINKER_API_KEY``, ``TINKER_CREDENTIAL_CMD``,
     else the default key of ``~/.tinker/credentials.json`` (``tinker auth login``).
     """
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     for name in ("TINKER_API_KEY", "TINKER_CREDENTIAL_CMD"):
-        if environ.get(name, "").strip():
+        if env.get(name, "").strip():
             return name
     path = (home or Path.home()) / ".tinker" / "credentials.json"
     try:

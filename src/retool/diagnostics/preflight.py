@@ -124,7 +124,9 @@ class PreflightReport:
             f"  ({self.steps} steps)",
         ]
         if self.affordable_steps is not None:
-            out.append(f"budget            cost.max_* allow about {self.affordable_steps} steps")
+            n_steps = self.affordable_steps
+            plural = "s" if n_steps != 1 else ""
+            out.append(f"budget            cost.max_* allow about {n_steps} step{plural}")
         out += [f"warning: {w}" for w in self.warnings]
         out.append(self.verdict)
         return out
