@@ -14,16 +14,27 @@ from retool.errors import ConfigError
 
 
 def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints") -> Any:
-    """A service client for ``model.backend`` (only ``local`` is available so far)."""
+    """A service client for ``model.backend``: local, or a PyTRIO / Tinker adapter.
+
+    The remote adapters check their credential here, before any request, and
+    keep pointer directories for their checkpoints under ``checkpoint_root``
+    (see :mod:`retool.backends.remote`).
+    """
     if model.backend == "local":
         from retool.backends.local import LocalServiceClient
 
         return LocalServiceClient(
             device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root
         )
-    raise ConfigError(
-        f'model.backend = {model.backend!r} has no adapter yet; use model.backend = "local"'
-    )
+    if model.backend == "pytrio":
+        from retool.backends.pytrio import PytrioServiceClient
+
+        return PytrioServiceClient(model, checkpoint_root=checkpoint_root)
+    if model.backend == "tinker":
+        from retool.backends.tinker import TinkerServiceClient
+
+        return TinkerServiceClient(model, checkpoint_root=checkpoint_root)
+    raise ConfigError(f"model.backend must be local, pytrio or tinker; got {model.backend!r}")
 
 
 def open_sampling_client(service: Any, model: str) -> Any:
