@@ -1,41 +1,84 @@
-"""``retool demo`` end to end on ``tiny-random``: walkthrough, SFT, one RL step."""
+"""``retool demo``: the whole method end to end, and the settings it refuses."""
 
 import json
 
+import pytest
+
 from retool.cli import main
 
+TINY = [
+    'model.base_model="tiny-random"',
+    "model.lora_rank=4",
+    "train.questions_per_batch=2",
+    "rollout.group_size=2",
+    "rollout.max_assistant_tokens=16",
+    "demo.eval_limit=2",
+    "demo.eval_n=2",
+    "demo.sft_steps=1",
+    "demo.sft_batch=2",
+    "demo.rl_steps=1",
+]
 
-def test_demo_runs_walkthrough_sft_and_rl_through_the_library(tmp_path, capsys):
-    code = main(
-        [
-            "demo",
-            "--set",
-            'model.base_model="tiny-random"',
-            "--set",
-            "model.lora_rank=4",
-            "--set",
-            "train.questions_per_batch=2",
-            "--set",
-            "rollout.group_size=2",
-            "--set",
-            "rollout.max_assistant_tokens=16",
-            "--problems",
-            "3",
-            "--cold-start-steps",
-            "1",
-            "--demonstrations",
-            "2",
-            "--output",
-            str(tmp_path),
-            "--no-progress",
-        ]
-    )
+
+def _sets(values):
+    return [a for v in values for a in ("--set", v)]
+
+
+def test_demo_runs_base_sft_rl_evaluations_and_report(tmp_path, capsys):
+    argv = ["demo", "--config", "configs/demo.toml", *_sets(TINY)]
+    code = main([*argv, "--output", str(tmp_path), "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "[reference] 3/3 reference trajectories scored +1" in out
+    assert "self-check: 7/7 reference trajectories scored +1" in out
     (root,) = tmp_path.iterdir()
-    sft = [json.loads(line) for line in (root / "sft" / "metrics.jsonl").read_text().splitlines()]
+    for label in ("base", "sft", "rl"):
+        rows = (root / "eval" / f"{label}.jsonl").read_text().splitlines()
+        assert len(rows) == 1 + 2 * 2 + 1  # header, 2 problems x 2 samples, summary
+    # every phase is a command the user could type, printed before it runs
+    for command in ("$ retool eval", "$ retool sft make-demos", "$ retool sft", "$ retool train"):
+        assert command in out
+    assert f"--init-from {root / 'sft'}" in out
+    table = out[out.index("held-out results") :]
+    assert [line.split()[0] for line in table.splitlines()[3:6]] == ["base", "SFT", "RL"]
+    assert "paired comparison, RL against SFT" in out
     rl = [json.loads(line) for line in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in sft] == [1] and sft[0]["train/loss_tokens"] > 0
     assert [m["step"] for m in rl] == [1] and rl[0]["rollout/trajectories"] == 4
-    assert "[done] 1 RL step(s) after 1 SFT steps" in out
+    assert (root / "report" / "report.html").is_file()
+
+
+def test_check_only_runs_the_self_check_and_writes_nothing(tmp_path, capsys):
+    code = main(["demo", "--check-only", "--output", str(tmp_path), *_sets(TINY)])
+    assert code == 0
+    assert "self-check: 7/7" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ('data.train="/nonexistent/train.jsonl"', "data.train"),
+        ('model.backend="tinker"', "model.backend"),
+        ('demo.eval_dataset="demo:train"', "demo.eval_dataset"),
+        ("demo.eval_n=0", "demo.eval_n"),
+        ("demo.sft_learning_rate=nan", "demo.sft_learning_rate"),
+    ],
+)
+def test_settings_the_demo_cannot_honour_are_refused_before_anything_runs(
+    tmp_path, capsys, setting, named
+):
+    code = main(["demo", "--output", str(tmp_path), *_sets([*TINY, setting])])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and named in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_quick_demo_on_smollm2(tmp_path, capsys):
+    code = main(["demo", "--quick", "--output", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    table = out[out.index("held-out results") :]
+    assert [line.split()[0] for line in table.splitlines()[3:6]] == ["base", "SFT", "RL"]
+    (root,) = tmp_path.iterdir()
+    assert (root / "report" / "report.html").is_file()

