@@ -91,7 +91,7 @@ def cli_results(tmp_path_factory):
     for name, process in running.items():
         stdin = CASES[name][1]
         try:
-            out, err = process.communicate(stdin or None, timeout=60)
+            out, err = process.communicate(stdin or None, timeout=300)  # a loaded CI box
         except BrokenPipeError:  # refused before reading it all: the point
             out, err = process.stdout.read(), process.stderr.read()
             process.wait()
