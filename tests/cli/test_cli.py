@@ -58,4 +58,6 @@ def test_prepare_demo_writes_splits(tmp_path, capsys):
 def test_bad_override_is_a_clean_error(capsys):
     assert main(["demo", "--set", "rollout.group_size=0"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("retool: error: rollout.group_size must be > 0")
+    assert err.startswith(
+        "retool: error: --set rollout.group_size=0: rollout.group_size must be > 0"
+    )

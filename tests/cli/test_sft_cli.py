@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
@@ -115,7 +116,17 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
     if sft not in retool.cli.COMMANDS:
         monkeypatch.setattr(retool.cli, "COMMANDS", (*retool.cli.COMMANDS, sft))
     data = tmp_path / "demos.jsonl"
-    data.write_text("{}\n")
+    conversation = {
+        "id": "c1",
+        "messages": [
+            {"role": "user", "content": "What is 2 + 2?"},
+            {"role": "assistant", "content": "It is \\boxed{4}."},
+        ],
+    }
+    data.write_text(json.dumps(conversation) + "\n")
+    (tmp_path / "ckpt" / "step_000002").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step_000002" / "retool_state.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
     code = retool.cli.main(
         [
             "sft",
@@ -148,7 +159,7 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
     assert retool.cli.main(["sft", "--data", str(data)]) == 0
     ((config, _, kwargs),) = calls
     assert kwargs == {
-        "run_dir": None,
+        "run_dir": config.train.run_dir,  # resolved (and checked) before the model loads
         "resume": False,
         "init_from": None,
         "tracker": None,

@@ -1,20 +1,36 @@
 """The ``retool`` command line.
 
 Each subcommand lives in its own module and registers itself with
-``add_parser(subparsers)``. A :class:`~retool.errors.RetoolError` is printed as
-one line (``retool: error: ...``) with exit status 2; anything else is a bug and
-keeps its traceback.
+``add_parser(subparsers)``; :mod:`retool.cli.common` holds what they share.
+
+How the command ends, for every subcommand:
+
+* success: exit 0 (a command may return another status it documents);
+* a mistake the user can fix (:class:`~retool.errors.RetoolError`, a bad
+  argument, an ``OSError`` about a path they gave): one line
+  ``retool: error: ...`` on stderr that says what is wrong and what to do,
+  exit 2, nothing half-written;
+* Ctrl-C, SIGTERM or SIGHUP: the command stops where it is, closes its
+  sandbox, sampler and worker processes, removes its temporary files, prints
+  one line and exits ``128 + signal`` (130, 143, 129); training first saves
+  the checkpoint its loop promises;
+* anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from retool import __version__
 from retool.cli import demo, doctor, preflight, prepare_data, report, rollout, sandbox, sft, train
 from retool.cli import eval as eval_command
+from retool.cli.common import Parser
 from retool.errors import RetoolError
 
 COMMANDS = (
@@ -32,9 +48,11 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="retool",
-        description="Train language models with RL to use a Python interpreter (ReTool).",
+        description="Train language models with RL to use a Python interpreter (ReTool). "
+        "Errors are one line on stderr with exit status 2; an interrupt exits 130 (SIGINT) "
+        "or 143 (SIGTERM) after cleaning up.",
     )
     parser.add_argument("--version", action="version", version=f"retool-rl {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -43,25 +61,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the main thread is, like Ctrl-C's KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP unwind the command like Ctrl-C does (``finally`` blocks run)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, _raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    signum = getattr(exc, "signum", signal.SIGINT)
+    text = str(exc) if getattr(exc, "signum", None) else ""
+    name = signal.Signals(signum).name
+    print(f"retool: {text or f'interrupted ({name})'}", file=sys.stderr)
+    return 128 + int(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
-    from retool.training.loop import Interrupted
-
-    try:
-        return int(args.handler(args) or 0)
-    except Interrupted as exc:  # SIGINT/SIGTERM during training: saved, then stopped
-        print(f"retool: {exc}", file=sys.stderr)
-        return 128 + exc.signum
-    except RetoolError as exc:
-        print(f"retool: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("retool: interrupted", file=sys.stderr)
-        return 130
+    with _signals():
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version, or a one-line argument error
+            return exc.code if isinstance(exc.code, int) else 2
+        except KeyboardInterrupt as exc:
+            return _interrupted(exc)
+        if not getattr(args, "handler", None):
+            parser.print_help()
+            return 2
+        try:
+            return int(args.handler(args) or 0)
+        except RetoolError as exc:
+            print(f"retool: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP; training's Interrupted too
+            return _interrupted(exc)
+        except BrokenPipeError:  # `retool ... | head`: the reader left; not an error of ours
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+        except OSError as exc:
+            if not exc.filename:
+                raise  # not about a path: a bug, keep the traceback
+            # last resort: a path the command did not check itself (each should)
+            names = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
+            print(f"retool: error: {names}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -29,24 +29,42 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from retool.cli.common import add_config_options
+from retool.cli.common import (
+    PRECEDENCE,
+    HelpFormatter,
+    add_config_options,
+    add_number,
+    load_command_config,
+    say,
+)
 from retool.errors import ConfigError
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
+EVAL_N = 12
+UNUSED = {
+    "rollout.group_size": "samples per problem are --val-n",
+    "data": "name the problems with --dataset",
+    "train": "`retool eval` does not train",
+    "model.base_model": "name the model with --model",
+    "model.lora_rank": "evaluation samples the weights as they are",
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "eval",
         help="evaluate a model on a benchmark (N samples per problem), or compare two results",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         description=(
             "Sample every problem N times with the rollout engine (tool mode: with the\n"
             "sandbox; text mode: no tools), write one JSON line per sample as it finishes and\n"
             "a summary: Average@N with a 95% bootstrap CI over problems, Pass@N, unbiased\n"
             "pass@k, format rate, behaviour and sandbox rates. Rerunning with the same\n"
-            "--output continues where it stopped (and refuses other settings)."
+            "--output continues where it stopped (and refuses other settings).\n"
+            f"Settings: {PRECEDENCE}. Not used (refused with --set): rollout.group_size\n"
+            "(--val-n), data.* (--dataset), train.*, model.base_model (--model),\n"
+            "model.lora_rank, and sandbox.* in text mode."
         ),
         epilog=(
             "examples:\n"
@@ -67,21 +85,42 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dataset", help="the problems (required; see below)")
     parser.add_argument("--output", metavar="FILE.jsonl", help="the results file (required)")
-    parser.add_argument(
-        "--val-n", type=int, default=12, metavar="N", help="samples per problem (default 12)"
+    add_number(parser, "--val-n", low=1, high=1024, help=f"samples per problem (default: {EVAL_N})")
+    add_number(
+        parser,
+        "--limit",
+        low=1,
+        high=10**7,
+        metavar="K",
+        help="only the first K problems (default: all)",
     )
-    parser.add_argument("--limit", type=int, metavar="K", help="only the first K problems")
     parser.add_argument(
         "--mode",
         choices=["tool", "text"],
-        default="tool",
-        help="tool: with the code interpreter (default); text: no tools, the text-only baseline",
+        help="tool: with the code interpreter; text: no tools, the text-only baseline "
+        "(default: tool)",
     )
-    parser.add_argument(
-        "--temperature", type=float, help=f"sampling temperature (default {EVAL_TEMPERATURE})"
+    add_number(
+        parser,
+        "--temperature",
+        low=0,
+        high=100,
+        integer=False,
+        help="sampling temperature (default: rollout.temperature when the config or --set "
+        f"gives it, else {EVAL_TEMPERATURE})",
     )
-    parser.add_argument("--top-p", type=float, help=f"nucleus mass (default {EVAL_TOP_P})")
-    parser.add_argument("--seed", type=int, help="sampling seed (rollout.seed)")
+    add_number(
+        parser,
+        "--top-p",
+        low=0,
+        high=1,
+        low_open=True,
+        integer=False,
+        help=f"nucleus mass (default: rollout.top_p when given, else {EVAL_TOP_P})",
+    )
+    add_number(
+        parser, "--seed", low=0, high=2**32 - 1, help="sampling seed (default: rollout.seed, 42)"
+    )
     add_config_options(parser)
     parser.add_argument("--question-field", help="question field (default: question, problem)")
     parser.add_argument("--answer-field", help="answer field (default: answer)")
@@ -110,15 +149,22 @@ def _file_sets_sampling(config_path: str | None) -> set[str]:
     """The rollout sampling keys the config file sets itself."""
     if config_path is None:
         return set()
+    from retool.data.files import read_text
+
     try:
-        raw = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
+        raw = tomllib.loads(read_text(config_path, what="config file", error=ConfigError))
+    except tomllib.TOMLDecodeError:
         return set()  # load_config reports it
     rollout = raw.get("rollout")
     return set(rollout) & {"temperature", "top_p"} if isinstance(rollout, dict) else set()
 
 
-def _overrides(args: argparse.Namespace) -> list[str]:
+def _flags(args: argparse.Namespace) -> list[str]:
+    """Overrides standing for the flags, and the evaluation's own sampling defaults.
+
+    The defaults apply only where neither the config file nor ``--set`` sets the
+    key, so their place in the list does not matter; the flags come last and win.
+    """
     given = _file_sets_sampling(args.config)
     for text in args.overrides:
         key = text.split("=", 1)[0].strip()
@@ -129,7 +175,6 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         overrides.append(f"rollout.temperature={EVAL_TEMPERATURE}")
     if "top_p" not in given:
         overrides.append(f"rollout.top_p={EVAL_TOP_P}")
-    overrides += list(args.overrides)
     if args.temperature is not None:
         overrides.append(f"rollout.temperature={args.temperature!r}")
     if args.top_p is not None:
@@ -139,13 +184,6 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     if args.backend is not None:
         overrides.append(f'model.backend="{args.backend}"')
     return overrides
-
-
-def _check_output(output: Path) -> None:
-    if output.is_dir():
-        raise ConfigError(f"--output {output}: is a directory")
-    if not output.parent.is_dir():
-        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist")
 
 
 def _dataset_key(spec: str) -> str:
@@ -175,7 +213,7 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.config import load_config
+    from retool.data.files import check_output_file
     from retool.evaluation import (
         FieldNames,
         check_resumable,
@@ -192,17 +230,17 @@ def run(args: argparse.Namespace) -> int:
     ):
         if not value:
             raise ConfigError(f"{flag} is required (see `retool eval --help`)")
-    if args.val_n < 1:
-        raise ConfigError(f"--val-n must be >= 1, got {args.val_n}")
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
-    config = load_config(args.config, _overrides(args))
-    output = Path(args.output)
-    _check_output(output)
+    n = args.val_n or EVAL_N
+    mode = args.mode or "tool"
+    tools = mode == "tool"
+    unused = dict(UNUSED)
+    if not tools:
+        unused["sandbox"] = "--mode text runs no code"
+    config = load_command_config(args, "eval", unused=unused, flags=_flags(args))
+    output = check_output_file(args.output, flag="--output")
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
     examples = load_eval_examples(args.dataset, fields, args.limit)
     model = resolve_model_spec(args.model)
-    tools = args.mode == "tool"
     settings: dict[str, Any] = {
         "model": model.path if model.kind == "alias" else str(Path(model.path).resolve()),
         "model_kind": model.kind,
@@ -220,10 +258,8 @@ def run(args: argparse.Namespace) -> int:
             "memory_mb": sandbox_config.memory_mb,
             "max_output_bytes": sandbox_config.max_output_bytes,
         }
-    rollout = dataclasses.replace(config.rollout, group_size=args.val_n)
-    full = eval_settings(
-        settings, rollout, n=args.val_n, examples=examples, tools=tools, seed_step=0
-    )
+    rollout = dataclasses.replace(config.rollout, group_size=n)
+    full = eval_settings(settings, rollout, n=n, examples=examples, tools=tools, seed_step=0)
     resume = check_resumable(output, full)  # refuse other settings before loading anything
 
     from retool.backends import open_sampling_client, open_sandbox, service_client
@@ -232,26 +268,25 @@ def run(args: argparse.Namespace) -> int:
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
-    sampler = open_sampling_client(service, model.path)
-    done = len(resume.done)
-    if done:
-        print(
-            f"resuming {output}: {done} of {len(examples)} problems done"
-            + (f", {resume.discarded} partial samples discarded" if resume.discarded else ""),
-            file=sys.stderr,
-        )
-    bar, update = _progress_bar(len(examples) * args.val_n, done * args.val_n, args.no_progress)
-    sandbox = None
+    sandbox = open_sandbox(config.sandbox) if tools else None  # its limits fail fast
+    sampler = bar = None
     try:
-        if tools:
-            sandbox = open_sandbox(config.sandbox)
+        say(f"loading {args.model} ...")
+        sampler = open_sampling_client(service, model.path)
+        done = len(resume.done)
+        if done:
+            say(
+                f"resuming {output}: {done} of {len(examples)} problems done"
+                + (f", {resume.discarded} partial samples discarded" if resume.discarded else "")
+            )
+        bar, update = _progress_bar(len(examples) * n, done * n, args.no_progress)
         summary = evaluate(
             sampler,
             sampler.get_tokenizer(),
             sandbox,
             examples,
             rollout,
-            n=args.val_n,
+            n=n,
             output=output,
             settings=settings,
             progress=update,
@@ -261,12 +296,14 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
+        if sampler is not None:
+            sampler.close()
         if sandbox is not None:
             sandbox.close()
-        sampler.close()
     step = f" (step {model.step})" if model.step is not None else ""
-    print(f"{args.model}{step} on {args.dataset}, {args.mode} mode: {len(examples)} problems")
+    print(f"{args.model}{step} on {args.dataset}, {mode} mode: {len(examples)} problems")
     print(format_summary(summary))
     print(f"wrote {summary.samples} samples and the summary to {output}")
     return 0
@@ -289,6 +326,8 @@ def run_compare(args: argparse.Namespace) -> int:
         "--question-field": args.question_field,
         "--answer-field": args.answer_field,
         "--id-field": args.id_field,
+        "--val-n": args.val_n,
+        "--mode": args.mode,
     }
     given = [flag for flag, value in evaluation_flags.items() if value not in (None, [])]
     if given:

@@ -1,13 +1,18 @@
-"""``retool prepare-data``: turn public datasets into our JSONL splits."""
+"""``retool prepare-data``: turn public datasets into our JSONL splits.
+
+Both forms write several files into ``--output-dir`` all-or-nothing
+(:func:`retool.data.files.staged_output`): the directory is checked first,
+the splits are written to a staging directory inside it and renamed into
+place together, so a failure or an interrupt leaves the directory as it was.
+Replacing existing split files is announced.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from retool.data.dapo import prepare_dapo_math
-from retool.data.demo import SPLITS, demo_examples
-from retool.data.examples import write_jsonl
+from retool.cli.common import add_number
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "prepare-data",
         help="convert a dataset into train/dev JSONL files",
         description="Convert a dataset into train.jsonl/dev.jsonl files with the fields "
-        "id, question, answer, data_source.",
+        "id, question, answer, data_source. Existing split files in --output-dir are "
+        "replaced (and listed); on any error none is.",
     )
     kinds = parser.add_subparsers(dest="kind", metavar="DATASET", required=True)
 
@@ -28,8 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     dapo.add_argument("--input", required=True, type=Path, help="the raw .parquet file")
     dapo.add_argument("--output-dir", required=True, type=Path, help="where to write the splits")
-    dapo.add_argument("--dev-size", type=int, default=50, help="questions held out (default 50)")
-    dapo.add_argument("--seed", type=int, default=42, help="seed of the dev split (default 42)")
+    add_number(dapo, "--dev-size", low=0, high=10**7, default=50, help="questions held out")
+    add_number(dapo, "--seed", low=0, high=2**32 - 1, default=42, help="seed of the dev split")
     dapo.set_defaults(handler=_run_dapo)
 
     demo = kinds.add_parser(
@@ -41,17 +47,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demo.set_defaults(handler=_run_demo)
 
 
+def _replaced(directory: Path, names: list[str]) -> None:
+    if names:
+        print(f"replaced the existing {', '.join(names)} in {directory}")
+
+
 def _run_dapo(args: argparse.Namespace) -> int:
-    report = prepare_dapo_math(args.input, args.output_dir, dev_size=args.dev_size, seed=args.seed)
+    from retool.data.dapo import prepare_dapo_math
+
+    report = prepare_dapo_math(
+        args.input, args.output_dir, dev_size=args.dev_size, seed=args.seed, flag="--output-dir"
+    )
     print(f"read {report.rows} rows from {args.input}; dropped {report.duplicates} exact repeats")
     print(f"wrote {report.train} train examples to {report.train_path}")
     print(f"wrote {report.dev} dev examples to {report.dev_path}")
+    _replaced(args.output_dir, list(report.replaced))
     return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    from retool.data.demo import SPLITS, demo_examples
+    from retool.data.examples import write_jsonl
+    from retool.data.files import staged_output
+
+    names = [f"{split}.jsonl" for split in SPLITS]
+    counts = {}
+    with staged_output(args.output_dir, flag="--output-dir", names=names) as staged:
+        for split in SPLITS:
+            counts[split] = write_jsonl(staged.path(f"{split}.jsonl"), demo_examples(split))
     for split in SPLITS:
-        path = args.output_dir / f"{split}.jsonl"
-        count = write_jsonl(path, demo_examples(split))
-        print(f"wrote {count} {split} examples to {path}")
+        print(f"wrote {counts[split]} {split} examples to {args.output_dir / f'{split}.jsonl'}")
+    _replaced(args.output_dir, staged.replaced)
     return 0

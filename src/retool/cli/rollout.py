@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from pathlib import Path
 
-from retool.cli.common import add_config_options
+from retool.cli.common import (
+    PRECEDENCE,
+    add_config_options,
+    add_number,
+    load_command_config,
+    say,
+)
 from retool.errors import ConfigError
 
 
@@ -22,24 +28,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "rollout",
         help="roll out a few questions and print every trajectory",
         description="Sample group_size trajectories for a few questions with the sandbox, "
-        "score them, and print a per-trajectory table and the batch metrics.",
+        "score them, and print a per-trajectory table and the batch metrics. "
+        f"Settings: {PRECEDENCE}; data.* and train.* are not used (--dataset names the "
+        "questions).",
     )
     parser.add_argument(
         "--model",
         default=None,
-        help="alias (smollm2-135m-instruct, tiny-random), HF directory or saved sampler "
-        "weights (default: model.base_model of the config)",
+        help="alias (smollm2-135m-instruct, tiny-random), HF directory, saved sampler "
+        "weights, a run directory or RUN_DIR@STEP (default: model.base_model of the config)",
     )
     parser.add_argument(
         "--dataset",
         default="demo:train",
-        help="demo[:train|dev|test] or a .jsonl/.parquet file (default demo:train)",
+        help="demo[:train|dev|test] or a .jsonl/.parquet file",
     )
-    parser.add_argument("--questions", type=int, default=2, help="questions (default 2)")
-    parser.add_argument("--group-size", type=int, default=None, help="overrides rollout.group_size")
-    parser.add_argument("--step", type=int, default=0, help="training step for the seeds")
-    parser.add_argument("--no-tools", action="store_true", help="disable the code interpreter")
-    parser.add_argument("--output", help="write one JSON line per trajectory here")
+    add_number(parser, "--questions", low=1, high=10**5, default=2, help="questions to roll out")
+    add_number(
+        parser,
+        "--group-size",
+        low=1,
+        high=1024,
+        help="trajectories per question (default: rollout.group_size, 8)",
+    )
+    add_number(
+        parser, "--step", low=0, high=10**7, default=0, help="training step the seeds derive from"
+    )
+    parser.add_argument(
+        "--no-tools", action="store_true", help="disable the code interpreter (sandbox.* unused)"
+    )
+    parser.add_argument(
+        "--output",
+        metavar="FILE.jsonl",
+        help="also write one JSON line per trajectory here (default: print only)",
+    )
     add_config_options(parser)
     parser.set_defaults(handler=run)
 
@@ -80,33 +102,59 @@ def format_table(result) -> str:
     return "\n".join(lines)
 
 
+UNUSED = {
+    "data": "name the questions with --dataset",
+    "train": "`retool rollout` does not train",
+    "model.lora_rank": "sampling uses the weights as they are",
+}
+
+
+def _model_path(spec: str, config, flag: str) -> str:
+    """What the backend opens for ``--model`` (checked before anything loads)."""
+    if config.model.backend != "local":
+        return spec
+    from retool.evaluation.models import resolve_model_spec
+
+    return resolve_model_spec(spec, flag=flag).path
+
+
 def run(args: argparse.Namespace) -> int:
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.config import load_config
     from retool.data import load_dataset
+    from retool.data.files import check_output_file
+
+    unused = dict(UNUSED)
+    if args.no_tools:
+        unused["sandbox"] = "--no-tools runs no code"
+    flags = [f"rollout.group_size={args.group_size}"] if args.group_size is not None else []
+    config = load_command_config(args, "rollout", unused=unused, flags=flags)
+    output = check_output_file(args.output, flag="--output") if args.output else None
+    examples = load_dataset(args.dataset)
+    if args.questions > len(examples):
+        raise ConfigError(
+            f"--questions {args.questions}: {args.dataset} has only {len(examples)} questions; "
+            f"ask for at most {len(examples)}"
+        )
+    examples = examples[: args.questions]
+    model = args.model or config.model.base_model
+    path = _model_path(model, config, "--model" if args.model else "model.base_model")
+    scorer = None
+    if config.reward.function:
+        from retool.reward import load_reward_function
+
+        scorer = load_reward_function(config.reward.function)
+
+    from retool.backends import open_sampling_client, open_sandbox, service_client
+    from retool.reward import default_checker
     from retool.rollout import rollout_batch
 
-    overrides = list(args.overrides)
-    if args.group_size is not None:
-        overrides.append(f"rollout.group_size={args.group_size}")
-    config = load_config(args.config, overrides)
-    if args.questions < 1:
-        raise ConfigError(f"--questions must be >= 1, got {args.questions}")
-    if args.step < 0:
-        raise ConfigError(f"--step must be >= 0, got {args.step}")
-    output = Path(args.output) if args.output else None
-    if output is not None and output.is_dir():
-        raise ConfigError(f"--output {output}: is a directory")
-    examples = load_dataset(args.dataset)[: args.questions]
-    model = args.model or config.model.base_model
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
-    sampler = open_sampling_client(service, model)
-    tokenizer = sampler.get_tokenizer()
-    bar, update = _progress_bar(len(examples) * config.rollout.group_size)
-    sandbox = None
+    sandbox = None if args.no_tools else open_sandbox(config.sandbox)  # its limits fail fast
+    sampler = bar = None
     try:
-        if not args.no_tools:
-            sandbox = open_sandbox(config.sandbox)
+        say(f"loading {model} ...")
+        sampler = open_sampling_client(service, path)
+        tokenizer = sampler.get_tokenizer()
+        bar, update = _progress_bar(len(examples) * config.rollout.group_size)
         result = rollout_batch(
             sampler,
             tokenizer,
@@ -116,12 +164,16 @@ def run(args: argparse.Namespace) -> int:
             step=args.step,
             progress=update,
             reward_timeout=config.reward.timeout,
+            scorer=scorer,
+            checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
+        if sampler is not None:
+            sampler.close()
         if sandbox is not None:
             sandbox.close()
-        sampler.close()
     print(f"{model} on {args.dataset}: {len(examples)} questions x {config.rollout.group_size}")
     print(format_table(result))
     print()
@@ -129,12 +181,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:36s} {value:.4g}")
     if output is not None:
         lines = "".join(json.dumps(t.to_record()) + "\n" for t in result.trajectories)
-        tmp = output.with_name(output.name + ".tmp")
+        tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
         try:
             tmp.write_text(lines, encoding="utf-8")
             tmp.replace(output)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise ConfigError(f"--output {output}: cannot write ({exc.strerror})") from None
+        finally:
+            tmp.unlink(missing_ok=True)
         print(f"wrote {len(result.trajectories)} trajectories to {output}")
     return 0

@@ -14,8 +14,9 @@ hands the resolved config and the data path to
 checkpoints as ``retool train`` and resumes the same way.
 
 Every user mistake (missing ``--data``, an output that is a directory, an
-unknown split, ``--limit 0``) is a :class:`~retool.errors.RetoolError` checked
-before any work starts, so the CLI prints one line, exits 2 and writes nothing.
+unknown split, ``--limit 0``, a ``--set`` of a key SFT does not read) is a
+:class:`~retool.errors.RetoolError` checked before any work starts, so the CLI
+prints one line, exits 2 and writes nothing.
 """
 
 from __future__ import annotations
@@ -23,21 +24,65 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from retool.cli.common import add_config_options, add_run_options, print_run
+from retool.cli.common import (
+    PRECEDENCE,
+    HelpFormatter,
+    add_config_options,
+    add_number,
+    add_run_options,
+    load_command_config,
+    print_run,
+    run_dir_rollback,
+)
 from retool.errors import ConfigError, DataError
+
+_RL_ONLY = "`retool sft` trains on demonstrations; this is an RL setting (`retool train`)"
+UNUSED = {
+    "sandbox": "`retool sft` runs no code (`retool sft make-demos` does, with defaults)",
+    "reward": "`retool sft` scores nothing",
+    "data.train": "the conversations are --data",
+    "data.dev": _RL_ONLY,
+    **{f"train.{key}": _RL_ONLY for key in ("loss", "clip_low", "clip_high")},
+    **{f"train.{key}": _RL_ONLY for key in ("eval_every", "eval_dataset", "eval_n")},
+    "train.eval_limit": _RL_ONLY,
+    **{
+        f"rollout.{key}": "SFT samples nothing; only rollout.protocol (the dialect) and "
+        "rollout.max_trajectory_tokens (<= train.max_train_tokens) are read"
+        for key in (
+            "group_size",
+            "max_code_calls",
+            "max_assistant_turns",
+            "max_assistant_tokens",
+            "max_tool_response_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "min_observation_tokens",
+            "max_in_flight_samples",
+            "max_in_flight_tools",
+            "sample_retries",
+            "sandbox_retries",
+            "retry_backoff",
+            "advantage",
+            "share_identical_code",
+        )
+    },
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sft",
         help="cold-start SFT on code-interlaced conversations (or make demonstrations)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         description=(
             "Supervised fine-tuning with cross_entropy on code-interlaced conversations\n"
             "(JSONL, see retool.training.sft_data), weight 1 on assistant tokens only,\n"
             "rendered through the tool-call dialect exactly as RL samples them. Reads the\n"
             "config of `retool train`: train.steps, train.learning_rate, train.save_every,\n"
-            "train.run_dir, and train.questions_per_batch as conversations per step."
+            "train.run_dir, and train.questions_per_batch as conversations per step.\n"
+            f"Settings: {PRECEDENCE}. A --set of what SFT does not read (sandbox.*,\n"
+            "reward.*, data.train, RL-only train.* and rollout.* keys) is refused."
         ),
         epilog=(
             "examples:\n"
@@ -49,7 +94,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_options(parser)
     parser.add_argument(
-        "--data", metavar="FILE.jsonl", help="the conversations to train on (required)"
+        "--data", metavar="FILE.jsonl", help="the conversations to train on (required; no default)"
     )
     add_run_options(parser)
     parser.set_defaults(handler=run_train)
@@ -70,8 +115,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(default demo:train; test is held out)",
     )
     demos.add_argument("--output", required=True, metavar="FILE", help="the JSONL file to write")
-    demos.add_argument("--limit", type=int, default=None, help="at most N problems (default all)")
-    demos.add_argument("--seed", type=int, default=0, help="phrasing seed (default 0)")
+    add_number(demos, "--limit", low=1, high=10**7, help="at most N problems (default: all)")
+    add_number(demos, "--seed", low=0, high=2**32 - 1, default=0, help="phrasing seed")
     demos.set_defaults(handler=run_make_demos)
 
 
@@ -88,17 +133,11 @@ def _demo_split(spec: str) -> str:
     return split
 
 
-def _check_output(output: Path) -> None:
-    if output.is_dir():
-        raise ConfigError(f"--output {output}: is a directory")
-    if not output.parent.is_dir():
-        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist")
-
-
 def run_make_demos(args: argparse.Namespace) -> int:
     from retool.backends import open_sandbox
     from retool.config import load_config
     from retool.data.demo import demo_problems
+    from retool.data.files import check_output_file
     from retool.training.sft_data import make_demonstrations, write_conversations
 
     training = {
@@ -113,12 +152,15 @@ def run_make_demos(args: argparse.Namespace) -> int:
     given = [flag for flag, value in training.items() if value]
     if given:
         raise ConfigError(f"{given[0]} belongs to `retool sft` training, not to make-demos")
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
-    output = Path(args.output)
-    _check_output(output)
+    output = check_output_file(args.output, flag="--output")
     split = _demo_split(args.dataset)
-    problems = demo_problems(split)[: args.limit]
+    problems = demo_problems(split)
+    if args.limit is not None and args.limit > len(problems):
+        raise ConfigError(
+            f"--limit {args.limit}: demo:{split} has only {len(problems)} problems; "
+            f"ask for at most {len(problems)}"
+        )
+    problems = problems[: args.limit]
     with open_sandbox(load_config().sandbox) as sandbox:
         conversations = make_demonstrations(problems, sandbox, seed=args.seed)
     kept = {c.id for c in conversations}
@@ -138,7 +180,8 @@ def run_make_demos(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from retool.config import load_config
+    from retool.cli.train import preflight
+    from retool.training.sft_data import load_conversations
 
     if args.data is None:
         raise ConfigError("--data FILE.jsonl is required (write one with `retool sft make-demos`)")
@@ -147,19 +190,21 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--data {data}: is a directory, expected a .jsonl file")
     if not data.exists():
         raise ConfigError(f"--data {data}: no such file")
-    config = load_config(args.config, args.overrides)
-    if args.resume and args.init_from:
-        raise ConfigError("--resume continues a run from its own checkpoint; drop --init-from")
+    config = load_command_config(args, "sft", unused=UNUSED)
+    run_dir = preflight(args, config, evaluation=False)
+    load_conversations(data)  # every line checked before a model loads
+
     from retool.training.sft import run_sft
 
-    run = run_sft(
-        config,
-        data,
-        run_dir=args.run_dir,
-        resume=args.resume,
-        init_from=args.init_from,
-        tracker=args.tracker,
-        progress=not args.no_progress,
-    )
+    with run_dir_rollback(run_dir):
+        run = run_sft(
+            config,
+            data,
+            run_dir=run_dir,
+            resume=args.resume,
+            init_from=args.init_from,
+            tracker=args.tracker,
+            progress=not args.no_progress,
+        )
     print_run(run, then="start RL from it: retool train --init-from {run} ...")
     return 0

@@ -1,10 +1,29 @@
-"""``retool train``: reinforcement learning with the code interpreter (the ReTool step loop)."""
+"""``retool train``: reinforcement learning with the code interpreter (the ReTool step loop).
+
+Everything that can be checked without a model is checked before one loads
+(:func:`preflight`): the config, the run directory, ``--init-from``, the
+training and evaluation data, the reward function and the tracker. A failure
+after the run directory was created but before the first step removes that
+directory again (:func:`~retool.cli.common.run_dir_rollback`), so a retry
+starts clean.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from retool.cli.common import add_config_options, add_run_options, print_run
+from retool.cli.common import (
+    PRECEDENCE,
+    add_config_options,
+    add_run_options,
+    check_run_dir,
+    check_tracker,
+    load_command_config,
+    print_run,
+    run_dir_rollback,
+)
+from retool.errors import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -13,29 +32,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="RL training with the code interpreter",
         description="Roll out questions with the sandbox, score them, and update the policy "
         "with PPO on group-centred advantages; one optimizer step per training step. "
-        "The run directory is resumable after a crash or kill (--resume).",
+        "The run directory is resumable after a crash or kill (--resume); Ctrl-C or SIGTERM "
+        "saves a checkpoint of the last completed step and exits 130/143. "
+        f"Settings: {PRECEDENCE}.",
     )
     add_config_options(parser)
     add_run_options(parser)
     parser.set_defaults(handler=run)
 
 
+def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str:
+    """Refuse what would fail after the model loads; returns the run directory."""
+    if args.resume and args.init_from:
+        raise ConfigError("--resume continues a run from its own checkpoint; drop --init-from")
+    run_dir = args.run_dir or config.train.run_dir
+    check_run_dir(
+        run_dir, resume=args.resume, flag="--run-dir" if args.run_dir else "train.run_dir"
+    )
+    if args.init_from and not args.resume:
+        from retool.training.loop import resolve_checkpoint
+
+        resolve_checkpoint(args.init_from)
+    check_tracker(args.tracker)
+    if evaluation and config.train.eval_every:
+        from retool.evaluation import load_eval_examples
+
+        load_eval_examples(
+            config.train.eval_dataset or config.data.dev, limit=config.train.eval_limit or None
+        )
+    return str(run_dir)
+
+
 def run(args: argparse.Namespace) -> int:
-    from retool.config import load_config
+    from retool.data import load_dataset
+
+    config = load_command_config(args, "train")
+    run_dir = preflight(args, config, evaluation=True)
+    load_dataset(config.data.train)
+    if config.reward.function:
+        from retool.reward import load_reward_function
+
+        load_reward_function(config.reward.function)
+
     from retool.training.loop import train
 
-    config = load_config(args.config, args.overrides)
-    if args.resume and args.init_from:
-        from retool.errors import ConfigError
-
-        raise ConfigError("--resume continues a run from its own checkpoint; drop --init-from")
-    run_dir = train(
-        config,
-        run_dir=args.run_dir,
-        resume=args.resume,
-        init_from=args.init_from,
-        tracker=args.tracker,
-        progress=not args.no_progress,
-    )
-    print_run(run_dir)
+    with run_dir_rollback(run_dir):
+        run = train(
+            config,
+            run_dir=run_dir,
+            resume=args.resume,
+            init_from=args.init_from,
+            tracker=args.tracker,
+            progress=not args.no_progress,
+        )
+    print_run(run)
     return 0

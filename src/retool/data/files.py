@@ -98,7 +98,7 @@ def read_bytes(
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise error(f"{name}: no such {what}") from None
+        raise error(f"{name}: no such file (expected a {what})") from None
     except OSError as exc:
         raise error(f"{name}: cannot read it ({reason(exc)})") from None
     if stat.S_ISDIR(info.st_mode):
@@ -204,6 +204,7 @@ class StagedOutput:
 
     target: Path  # the output directory
     staging: Path  # write every file here (same file system: renames are atomic)
+    remove: list[str] = field(default_factory=list)  # files of target to delete on commit
     replaced: list[str] = field(default_factory=list)  # files that existed (after commit)
     written: list[str] = field(default_factory=list)  # every file moved in (after commit)
 
@@ -235,8 +236,9 @@ def staged_output(
     destination that is a directory is refused before any work); every file
     actually written is checked again before the first rename. ``remove``
     lists files to delete on success (a plot an older report had and this
-    one has not). An ``OSError`` on the way is one ``error`` naming the
-    target; any exception or interrupt leaves ``target`` as it was.
+    one has not; the caller may add to ``StagedOutput.remove`` as it goes).
+    An ``OSError`` on the way is one ``error`` naming the target; any
+    exception or interrupt leaves ``target`` as it was.
     """
     target = Path(target)
     name = _named(target, flag)
@@ -247,7 +249,7 @@ def staged_output(
     try:
         created = _make_dirs(target)
         staging = Path(tempfile.mkdtemp(prefix=".retool-staging-", dir=target))
-        out = StagedOutput(target, staging)
+        out = StagedOutput(target, staging, remove=list(remove))
         yield out
         written = sorted(os.listdir(staging))
         _check_destinations(target, written, name, error)
@@ -255,7 +257,7 @@ def staged_output(
         for file in written:
             os.replace(staging / file, target / file)
         out.written = written
-        for file in remove:
+        for file in out.remove:
             if file not in written:
                 (target / file).unlink(missing_ok=True)
         staging.rmdir()

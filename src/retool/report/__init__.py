@@ -13,9 +13,12 @@ How it is split, and why:
 
 * :mod:`retool.report.inputs` reads and *validates* before anything is written:
   a wrong argument (not a run directory, not an eval file, an output path that
-  is a file) is a :class:`ReportError` with one line, and no half-report is
-  left behind. The content of a valid run is read forgivingly: what a run did
-  not record is left out of the report, never a crash.
+  is a file) is a :class:`ReportError` with one line. The files are written
+  into a staging directory and renamed into place together
+  (:func:`retool.data.files.staged_output`), so a failure or an interrupt
+  leaves an older report as it was, never half replaced. The content of a
+  valid run is read forgivingly: what a run did not record is left out of
+  the report, never a crash.
 * :mod:`retool.report.plots` draws with matplotlib's Agg canvas (headless,
   no global state); each plot is declared as data, so missing metrics just
   drop panels.
@@ -51,17 +54,6 @@ from retool.report.inputs import (
 __all__ = ["EvalResult", "ReportError", "RunInputs", "load_eval_file", "load_run", "write_report"]
 
 
-def _output_dir(run: RunInputs, output: str | os.PathLike[str] | None) -> Path:
-    target = Path(output) if output is not None else run.path / "report"
-    if target.exists() and not target.is_dir():
-        raise ReportError(f"--output {target}: is a file; give a directory for the report")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(f"--output {target}: cannot create it ({exc.strerror})") from None
-    return target
-
-
 def _run_evals(run: RunInputs, notes: list[str]) -> list[EvalResult]:
     found = []
     for path in sorted((run.path / "eval").glob("step_*.jsonl")):
@@ -87,30 +79,29 @@ def write_report(
     (``model.base_model``) is loaded, and ``False`` colours whole messages by
     role instead. Raises :class:`ReportError` for bad inputs, before writing.
     """
+    from retool.data.files import check_output_dir, staged_output
     from retool.report.page import render_page
     from retool.report.plots import plot_evals, plot_metrics
     from retool.report.viewer import build_viewer
 
     run = load_run(run_dir)
+    target = Path(output) if output is not None else run.path / "report"
+    check_output_dir(target, flag="--output", error=ReportError)
     require("matplotlib", "report")  # before anything is written
     paths = [Path(p) for p in eval_files]
     evals = [
         load_eval_file(path, label) for path, label in zip(paths, unique_labels(paths), strict=True)
     ]
-    target = _output_dir(run, output)
     notes: list[str] = []
     evals += _run_evals(run, notes)
-    plots = plot_metrics(run.metrics, target)
-    for plot in plots:  # a plot this run cannot draw must not survive from an older report
-        if plot.path is None:
-            (target / f"{plot.name}.png").unlink(missing_ok=True)
-    eval_plot = plot_evals(evals, target)
-    if eval_plot.path is None:
-        (target / "eval.png").unlink(missing_ok=True)
     viewer = build_viewer(run, tokenizer)
-    page = render_page(run, plots, evals, eval_plot, viewer.to_json(), notes)
-    path = target / "report.html"
-    tmp = target / f".report.html.tmp-{os.getpid()}"
-    tmp.write_text(page, encoding="utf-8", errors="replace")
-    os.replace(tmp, path)
-    return path
+    with staged_output(target, flag="--output", names=["report.html"], error=ReportError) as out:
+        plots = plot_metrics(run.metrics, out.staging)
+        # a plot this run cannot draw must not survive from an older report
+        out.remove += [f"{plot.name}.png" for plot in plots if plot.path is None]
+        eval_plot = plot_evals(evals, out.staging)
+        if eval_plot.path is None:
+            out.remove.append("eval.png")
+        page = render_page(run, plots, evals, eval_plot, viewer.to_json(), notes)
+        out.path("report.html").write_text(page, encoding="utf-8", errors="replace")
+    return target / "report.html"

@@ -78,7 +78,10 @@ def load_run(path: str | os.PathLike[str]) -> RunInputs:
     notes: list[str] = []
     config_text, config = "", {}
     if run.config_path.is_file():
-        config_text = run.config_path.read_text(encoding="utf-8", errors="replace")
+        try:
+            config_text = run.config_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ReportError(f"{run.config_path}: cannot read it ({exc.strerror})") from None
         try:
             config = tomllib.loads(config_text)
         except tomllib.TOMLDecodeError as exc:
@@ -166,10 +169,14 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         raise ReportError(f"--eval {file}: no such file")
     if file.is_dir():
         raise ReportError(f"--eval {file}: is a directory, expected a .jsonl result file")
+    from retool.data.files import read_bytes
+
+    data = read_bytes(file, flag="--eval", what="result file", error=ReportError, limit=2**31)
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise _not_eval(file, "not UTF-8 text") from None
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise _not_eval(file, f"line {line} is not UTF-8 text") from None
     settings: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = []
