@@ -36,6 +36,7 @@ the installed package). What differs from Tinker, and how it is bridged:
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ from retool.backends.remote import (
     split_stops,
     translate,
 )
-from retool.errors import BackendError, ConfigError, require
+from retool.errors import BackendError, ConfigError, RetoolError, require
 from retool.types import AdamParams, ModelInput, SampleResponse, SamplingParams, TensorData
 
 BACKEND = "pytrio"
@@ -71,6 +72,27 @@ def check_rank(rank: int) -> None:
         raise ConfigError(
             f"model.lora_rank must be in [{LORA_RANKS.start}, {LORA_RANKS.stop - 1}] on pytrio "
             f"(a LoRA rank the service accepts), got {rank}"
+        )
+
+
+def check_credentials() -> None:
+    """Raise :class:`BackendError` when the SDK has no API key; no request, no key read out.
+
+    The SDK resolves ``PYTRIO_API_KEY`` and the ``trio login`` profile when it
+    is imported (pytrio/config/config.py); a variable set after that is
+    handed to ``ServiceClient`` when the client is made.
+    """
+    sdk()
+    from pytrio.config.config import auth_state
+
+    if auth_state.config_error is not None:
+        raise BackendError(
+            f"pytrio cannot read its saved login ({auth_state.config_error.message}); "
+            f"run `{LOGIN_COMMAND}` again or set {API_KEY_VARIABLE}"
+        )
+    if not auth_state.api_key.strip() and not os.environ.get(API_KEY_VARIABLE, "").strip():
+        raise BackendError(
+            f"pytrio needs an API key: set {API_KEY_VARIABLE} or run `{LOGIN_COMMAND}`"
         )
 
 
@@ -120,12 +142,14 @@ class PytrioSamplingClient(RemoteSamplingClient):
                 sampling_params=self._sdk_params(sampling_params),
             )
             return self._response(response, sampling_params)
+        except RetoolError:
+            raise
         except Exception as exc:
             raise translate(exc, self.backend, "sample") from exc
 
     def sample_async(
         self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
-    ) -> Any:
+    ) -> Awaitable[SampleResponse]:
         # The SDK's own coroutine: `sample()` blocks its caller while the request is
         # queued (pytrio/client/sampling.py: SamplingClient.sample -> run_sync).
         return self._sample_async(prompt, num_samples, sampling_params)
@@ -211,18 +235,7 @@ class PytrioServiceClient(RemoteServiceClient):
     sampling_client_class = PytrioSamplingClient
 
     def _check_credentials(self) -> None:
-        sdk()
-        from pytrio.config.config import auth_state
-
-        if auth_state.config_error is not None:
-            raise BackendError(
-                f"pytrio cannot read its saved login ({auth_state.config_error.message}); "
-                f"run `{LOGIN_COMMAND}` again or set {API_KEY_VARIABLE}"
-            )
-        if not auth_state.api_key.strip() and not os.environ.get(API_KEY_VARIABLE, "").strip():
-            raise BackendError(
-                f"pytrio needs an API key: set {API_KEY_VARIABLE} or run `{LOGIN_COMMAND}`"
-            )
+        check_credentials()
 
     def _new_sdk_service(self) -> Any:
         from pytrio.config.config import auth_state

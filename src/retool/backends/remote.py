@@ -186,6 +186,8 @@ def call(start: Callable[[], Any], backend: str, what: str) -> Any:
     """``start()`` with SDK exceptions translated (for calls that block and return)."""
     try:
         return start()
+    except RetoolError:
+        raise
     except Exception as exc:
         raise translate(exc, backend, what) from exc
 

@@ -80,6 +80,20 @@ def check_rank(rank: int) -> None:
         raise ConfigError(f"model.lora_rank must be >= 1 on tinker (LoRA only), got {rank}")
 
 
+def check_credentials() -> None:
+    """Raise :class:`BackendError` when the SDK resolves no credential (local check, no request)."""
+    tinker = sdk()
+    try:
+        tinker.auth.resolve_auth_provider(api_key=None, enforce_cmd=False)
+    except (OSError, ValueError, tinker.TinkerError) as exc:
+        detail = " ".join(str(exc).split())
+        missing = "TINKER_API_KEY environment variable" in detail  # the SDK's own message
+        raise BackendError(
+            f"tinker needs an API key: set {API_KEY_VARIABLE} (or TINKER_CREDENTIAL_CMD) "
+            f"or run `{LOGIN_COMMAND}`" + ("" if missing else f" ({detail})")
+        ) from None
+
+
 def metric_name(name: str) -> str | None:
     """Our name for a Tinker metric ``<name>:<reduction>`` (None: not combinable by us)."""
     base, _, reduction = name.rpartition(":")
@@ -216,16 +230,7 @@ class TinkerServiceClient(RemoteServiceClient):
         self._limits_lock = threading.Lock()
 
     def _check_credentials(self) -> None:
-        tinker = sdk()
-        try:
-            tinker.auth.resolve_auth_provider(api_key=None, enforce_cmd=False)
-        except (OSError, ValueError, tinker.TinkerError) as exc:
-            detail = " ".join(str(exc).split())
-            missing = "TINKER_API_KEY environment variable" in detail  # the SDK's own message
-            raise BackendError(
-                f"tinker needs an API key: set {API_KEY_VARIABLE} (or TINKER_CREDENTIAL_CMD) "
-                f"or run `{LOGIN_COMMAND}`" + ("" if missing else f" ({detail})")
-            ) from None
+        check_credentials()
 
     def _new_sdk_service(self) -> Any:
         return sdk().ServiceClient()
