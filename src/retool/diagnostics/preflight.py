@@ -38,7 +38,7 @@ from typing import Any
 from retool.config import RunConfig
 from retool.errors import ConfigError
 from retool.rollout import RolloutResult, StopReason
-from retool.training.cost import StepTokens, prefill_split, sampled_tokens
+from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,
@@ -365,5 +365,5 @@ def run_preflight(
             if close is not None:
                 close()
     datums = build_training_datums(result.trajectories, config.train.max_train_tokens)
-    trained = sum(d.num_tokens for d in datums)
+    trained = trained_tokens(datums)
     return assess(result, config, trained=trained, model=model)

@@ -144,12 +144,6 @@ class SpendLedger:
             out = out + tokens
         return out
 
-    def mean_step(self) -> StepTokens | None:
-        """The mean step so far, rounded to whole tokens (None before any step)."""
-        if not self.steps:
-            return None
-        return self.total.scaled(1 / len(self.steps))
-
     def metrics(self, tokens: StepTokens, step: int, total_steps: int) -> dict[str, float]:
         """``cost/*`` of committing ``tokens`` as step ``step`` of ``total_steps``.
 
