@@ -324,10 +324,12 @@ class SandboxConfig:
     service client only and ignored by the local sandbox.
     """
 
-    timeout: float = 10.0  # wall-clock seconds per call
-    memory_mb: int = 1024  # memory cap per call (sent as memory_limit_MB to the service)
-    max_workers: int = 8  # calls running at once (HTTP requests in flight, for the service)
-    max_output_bytes: int = 16384  # kept of stdout and of stderr (the tail)
+    timeout: float = 10.0  # wall-clock seconds per call, in (0, 86400]
+    # MiB of headroom per call above the preloaded interpreter (not a total cap), in
+    # [16, 2**20]; sent as memory_limit_MB to the service, which applies it as deployed
+    memory_mb: int = 1024
+    max_workers: int = 8  # calls running at once (HTTP requests in flight), in [1, 256]
+    max_output_bytes: int = 16384  # kept of stdout and of stderr (the tail), in [1, 2**23]
     isolation: str = "auto"  # local: auto | strict | none
     backend: str = "local"  # local | sandboxfusion
     url: str = ""  # sandboxfusion: the service's http(s) base URL or its /run_code endpoint
@@ -336,10 +338,31 @@ class SandboxConfig:
     request_backoff: float = 0.5  # sandboxfusion: seconds before the first retry; doubles
 
     def __post_init__(self) -> None:
-        _positive("sandbox", "timeout", self.timeout)
-        _positive("sandbox", "memory_mb", self.memory_mb)
-        _positive("sandbox", "max_workers", self.max_workers)
-        _positive("sandbox", "max_output_bytes", self.max_output_bytes)
+        # The sandbox's own ranges (a config the sandbox would refuse is refused here),
+        # imported here because retool.sandbox imports this module (check_number).
+        from retool.sandbox.fusion import MAX_REQUEST_RETRIES, parse_endpoint
+        from retool.sandbox.limits import (
+            MAX_OUTPUT_BYTES,
+            MAX_TIMEOUT_S,
+            MAX_WORKERS,
+            MEMORY_MB_RANGE,
+        )
+
+        _positive("sandbox", "timeout", self.timeout, MAX_TIMEOUT_S)
+        check_range("sandbox", "memory_mb", self.memory_mb, *MEMORY_MB_RANGE, integer=True)
+        # (0, n] is [1, n] for an integer, said as "> 0" like the other counts
+        check_range(
+            "sandbox", "max_workers", self.max_workers, 0, MAX_WORKERS, integer=True, low_open=True
+        )
+        check_range(
+            "sandbox",
+            "max_output_bytes",
+            self.max_output_bytes,
+            0,
+            MAX_OUTPUT_BYTES,
+            integer=True,
+            low_open=True,
+        )
         if self.isolation not in {"auto", "strict", "none"}:
             raise ConfigError(
                 f"sandbox.isolation must be auto, strict or none; got {self.isolation!r}"
@@ -348,12 +371,12 @@ class SandboxConfig:
             raise ConfigError(
                 f"sandbox.backend must be local or sandboxfusion; got {self.backend!r}"
             )
-        _positive("sandbox", "request_slack", self.request_slack)
-        _at_least("sandbox", "request_retries", self.request_retries, 0)
-        _at_least("sandbox", "request_backoff", self.request_backoff, 0)
+        _positive("sandbox", "request_slack", self.request_slack, MAX_TIMEOUT_S)
+        check_range(
+            "sandbox", "request_retries", self.request_retries, 0, MAX_REQUEST_RETRIES, integer=True
+        )
+        _at_least("sandbox", "request_backoff", self.request_backoff, 0, MAX_TIMEOUT_S)
         if self.backend == "sandboxfusion":
-            from retool.sandbox.fusion import parse_endpoint
-
             parse_endpoint(self.url, "sandbox.url")
             if self.isolation != "auto":
                 raise ConfigError(

@@ -10,11 +10,14 @@ queued per test."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import http.server
 import json
+import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,8 +32,9 @@ import pytest
 from retool.backends import open_sandbox
 from retool.config import SandboxConfig, load_config
 from retool.errors import ConfigError, SandboxError
-from retool.sandbox import ErrorKind, FusionSandbox, format_tool_content
-from retool.sandbox.fusion import parse_endpoint, remote_program
+from retool.sandbox import MAX_CODE_BYTES, ErrorKind, FusionSandbox, format_tool_content
+from retool.sandbox.fusion import _RUNTIME, MAX_REQUEST_RETRIES, parse_endpoint, remote_program
+from retool.sandbox.limits import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, MAX_WORKERS, MEMORY_MB_RANGE
 
 try:  # the documented shapes, from the sandbox-fusion client package when it is installed
     from sandbox_fusion.models import RunCodeRequest, RunCodeResponse
@@ -225,26 +229,67 @@ def test_runtime_error_is_the_traceback_of_the_snippet(fusion):
     assert len(fusion.requests) == 1  # never retried
 
 
-def test_same_results_as_the_local_sandbox(fusion, sandbox):
+# Each snippet runs on both; any difference means fusion._RUNTIME (the driver's copy of
+# server.py's _run_code, _describe, _trim, _exit_status, _write_text) has drifted.
+PARITY_CASES = [
+    "import sys\nprint('a')\nsys.exit('bye')",
+    "import sys\nsys.exit(3)",
+    "def (",
+    "import os\nos.environ['OMP_NUM_THREADS'], os.environ['MPLBACKEND']",
+    "import sys\nprint('err', file=sys.stderr)\n7",
+    "1/0",
+    "input()",
+    "def f():\n    1/0\nf()",
+    "try:\n    1/0\nexcept Exception as e:\n    raise ValueError('v') from e",
+    "import fractions\nfractions.Fraction(1, 0)",  # a library's frames stay
+    # the code closes or replaces what the epilogue needs
+    "import sys\nsys.stderr.close()\n1/0",
+    "import sys\nsys.stdout.close()\nprint(2)",
+    "import sys\nsys.modules.clear()\n1/0",
+    "import sys\nfor k in list(sys.modules): sys.modules[k] = None\nraise KeyError(5)",
+    "import os\nos._exit = os.write = None\n1/0",
+    "import builtins, sys\nbuiltins.print = None\nsys.exit('bye')",
+    "import sys\nclass S:\n    def __str__(self):\n        raise ValueError\nsys.exit(S())",
+    "import traceback\ntraceback.TracebackException = None\n1/0",
+    "import linecache\nlinecache.getline = None\n1/0",
+    "import __main__\n__main__._exit = __main__._describe = None\n1/0",
+    # BaseException subclasses
+    "raise KeyboardInterrupt",
+    "class Stop(BaseException):\n    pass\nraise Stop('x')",
+    "raise BaseExceptionGroup('g', [ValueError(1), KeyboardInterrupt()])",
+    # compile failures are the code's own error
+    "print(1)\0",
+    "x = " + "(" * 300 + "1" + ")" * 300,
+    "x = " + "+".join(["1"] * 100_000),
+    "def f(): return f()\nf()",  # the repeat count depends on the stack below the code
+]
+RUNTIME_WORDS = ("<retool-runtime>", "<retool-autoprint>", "code.py", "_run_code", "setup failed")
+
+
+@pytest.mark.parametrize("code", PARITY_CASES, ids=range(len(PARITY_CASES)))
+def test_same_results_as_the_local_sandbox(fusion, sandbox, code):
     """The driver reproduces the local fork server's run: compare field by field.
 
-    A failure after a change to ``server._run_code`` means ``fusion._DRIVER``
-    (its copy for a plain interpreter) needs the same change.
+    A failure after a change to ``server._run_code`` (or what it calls) means
+    ``fusion._RUNTIME``, its copy for a plain interpreter, needs the same change.
     """
-    snippets = [
-        "import sys\nprint('a')\nsys.exit('bye')",
-        "import sys\nsys.exit(3)",
-        "def (",
-        "import os\nos.environ['OMP_NUM_THREADS'], os.environ['MPLBACKEND']",
-        "import sys\nprint('err', file=sys.stderr)\n7",
-        "1/0",
-        "input()",
-    ]
     with client(fusion, max_output_bytes=sandbox.max_output_bytes) as remote:
-        for code in snippets:
-            here, there = sandbox.run(code), remote.run(code)
-            fields = ("ok", "stdout", "stderr", "returncode", "error_kind", "truncated")
-            assert [getattr(there, f) for f in fields] == [getattr(here, f) for f in fields], code
+        here, there = sandbox.run(code), remote.run(code)
+    fields = ("ok", "stdout", "stderr", "returncode", "error_kind", "truncated")
+    repeats = re.compile(r"repeated \d+ more times")
+    seen = [
+        repeats.sub("repeated N more times", str(getattr(r, f)))
+        for r in (here, there)
+        for f in fields
+    ]
+    assert seen[len(fields) :] == seen[: len(fields)]
+    assert not any(word in there.stderr for word in RUNTIME_WORDS), there.stderr
+
+
+def test_the_driver_is_python_3_8_syntax():
+    """The service's interpreter may be older than ours (best effort: ``feature_version``)."""
+    for source in (remote_program("print(1)"), _RUNTIME):
+        ast.parse(source, feature_version=(3, 8))
 
 
 def test_timeout_keeps_partial_output(fusion):
@@ -277,6 +322,94 @@ def test_exit_statuses_map_to_error_kinds(fusion, return_code, kind):
         result = sb.run("print(1)")
     assert result.error_kind == kind and not result.ok
     assert result.returncode == (return_code if return_code < 128 else -(return_code - 128))
+
+
+# -- what is refused before anything is sent ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code, says",
+    [
+        ("print('caf\udce9')", "not valid UTF-8 text"),
+        ("#" * (MAX_CODE_BYTES + 1), f"limit of {MAX_CODE_BYTES} bytes"),
+        ("s = '" + "é" * (MAX_CODE_BYTES // 2) + "'", f"limit of {MAX_CODE_BYTES} bytes"),
+    ],
+    ids=["surrogate", "too-many-characters", "too-many-bytes"],
+)
+def test_code_that_is_not_text_or_too_large_is_refused_unsent(fusion, sandbox, code, says):
+    with client(fusion) as sb:
+        result = sb.run(code)
+        again = asyncio.run(sb.arun(code))
+        window = sb.stats.snapshot_and_reset()
+    assert fusion.requests == []
+    assert not result.ok and result.error_kind == ErrorKind.ERROR and result.latency_s == 0.0
+    assert says in result.stderr and "not run" in result.stderr and again == result
+    assert (window["calls"], window["errors"], window["ok"]) == (2, 2, 0)
+    local = sandbox.run(code)  # the model reads the same refusal whichever sandbox runs it
+    fields = ("ok", "stdout", "stderr", "returncode", "error_kind", "latency_s")
+    assert [getattr(result, f) for f in fields] == [getattr(local, f) for f in fields]
+
+
+def test_code_of_exactly_the_limit_is_sent(fusion):
+    tail = "\nprint('ran')\n"
+    with client(fusion) as sb:
+        result = sb.run("#" * (MAX_CODE_BYTES - len(tail)) + tail)
+    assert result.ok and result.stdout == "ran\n" and len(fusion.requests) == 1
+
+
+@pytest.mark.parametrize("code", [b"print(1)", None, 42], ids=["bytes", "None", "int"])
+def test_code_that_is_not_a_str_is_a_config_error_naming_it(fusion, code):
+    with client(fusion) as sb:
+        with pytest.raises(ConfigError, match="^code must be a str"):
+            sb.run(code)
+        with pytest.raises(ConfigError, match="^code must be a str"):
+            asyncio.run(sb.arun(code))
+        assert sb.stats.snapshot_and_reset()["calls"] == 0
+    assert fusion.requests == []
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, 0, -1, 1e12, "5"])
+def test_a_bad_call_timeout_is_a_config_error(fusion, timeout):
+    with client(fusion) as sb:
+        with pytest.raises(ConfigError, match="FusionSandbox.run timeout"):
+            sb.run("print(1)", timeout=timeout)
+        with pytest.raises(ConfigError, match="FusionSandbox.run timeout"):
+            asyncio.run(sb.arun("print(1)", timeout=timeout))
+    assert fusion.requests == []
+
+
+# Each setting at its bounds (accepted) and one step beyond (refused), by the client and
+# by the config alike: the ranges of retool.sandbox.limits, shared with LocalSandbox.
+BOUNDS = {
+    "timeout": ([MAX_TIMEOUT_S, 1e-3], [0, MAX_TIMEOUT_S * 2, math.nan, math.inf]),
+    "memory_mb": (list(MEMORY_MB_RANGE), [MEMORY_MB_RANGE[0] - 1, MEMORY_MB_RANGE[1] + 1, 64.5]),
+    "max_workers": ([1, MAX_WORKERS], [0, MAX_WORKERS + 1, True]),
+    "max_output_bytes": ([1, MAX_OUTPUT_BYTES], [0, MAX_OUTPUT_BYTES + 1]),
+    "request_slack": ([MAX_TIMEOUT_S], [0, math.nan, math.inf]),
+    "request_retries": ([0, MAX_REQUEST_RETRIES], [-1, MAX_REQUEST_RETRIES + 1]),
+    "request_backoff": ([0, MAX_TIMEOUT_S], [-1, math.nan, math.inf]),
+}
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_settings_are_checked_at_construction_like_the_config(name):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    good, bad = BOUNDS[name]
+    for value in good:
+        FusionSandbox(url, check=False, **{name: value}).close()
+        SandboxConfig(**{name: value})
+    for value in bad:
+        with pytest.raises(ConfigError, match=f"^FusionSandbox {name}"):
+            FusionSandbox(url, check=False, **{name: value})
+        with pytest.raises(ConfigError, match=f"^sandbox.{name}"):
+            SandboxConfig(**{name: value})
+
+
+def test_connect_timeout_is_checked():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    for value in (0, math.nan, MAX_TIMEOUT_S * 2):
+        with pytest.raises(ConfigError, match="^FusionSandbox connect_timeout"):
+            FusionSandbox(url, check=False, connect_timeout=value)
 
 
 # -- transport: retries, no retries, the pool, the cap ----------------------------------

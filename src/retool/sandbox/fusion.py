@@ -27,18 +27,25 @@ what we need with no new dependency: a pool of keep-alive connections (at most
 ``max_workers``, one per call in flight), our own retry rules, and a socket we
 can shut down from ``close()``.
 
-**Same code, same output.** The snippet is sent wrapped in a small driver
+**Same code, same output.** Code over ``MAX_CODE_BYTES`` or not UTF-8 text
+is refused before anything is sent, with the local sandbox's result
+(:func:`retool.sandbox.limits.screen_code`); the settings are checked against
+the same ranges. The snippet is sent wrapped in a small driver
 (:func:`remote_program`) that runs it exactly as the local fork server does:
 compiled as ``<code>`` after the same AST auto-print
-(:mod:`retool.sandbox.autoprint`, shipped as source), the same traceback with
-the harness's frame dropped, ``SystemExit`` handling and exit status, and the
-local calls' thread caps and matplotlib backend in ``os.environ``. Output is
-cut to the tail of ``max_output_bytes`` and sanitized as locally. What
+(:mod:`retool.sandbox.autoprint`, shipped as source), and with a copy of the
+server's runtime, so a failure shows only the code's frames and its
+libraries' (never the driver's, also when the code closes stderr, empties
+``sys.modules`` or replaces ``os._exit`` or ``traceback``), compile failures
+as the code's own error, the same ``SystemExit`` handling and exit status, and
+the local calls' thread caps and matplotlib backend in ``os.environ``. Output
+is cut to the tail of ``max_output_bytes`` and sanitized as locally. What
 differs is the service's: its interpreter and packages (nothing is
 preloaded, so ``import sympy`` counts against the timeout), its isolation
-(reported as ``"remote"``, never checked by us), and memory kills, which are
-inferred from the exit status (SIGKILL, also as shell status 137) since no
-cgroup counter is visible from here.
+(reported as ``"remote"``, never checked by us), what ``memory_limit_MB``
+bounds there, and memory kills, which are inferred from the exit status
+(SIGKILL, also as shell status 137) since no cgroup counter is visible from
+here.
 
 **Retries on transport failures only**, with exponential backoff and jitter:
 a refused or dropped connection, an HTTP 5xx, or a ``SandboxError`` reply.
@@ -69,8 +76,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from retool.config import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import sanitize_observation
+from retool.sandbox.limits import (
+    MAX_OUTPUT_BYTES,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    MEMORY_MB_RANGE,
+    screen_code,
+)
 from retool.sandbox.local import sandbox_env
 from retool.sandbox.result import ErrorKind, ExecResult
 from retool.sandbox.server import MAX_FILE_BYTES
@@ -80,7 +95,8 @@ log = logging.getLogger(__name__)
 
 ISOLATION = "remote"  # ExecResult.isolation: whatever the service provides
 MAX_REPLY_BYTES = 4 * MAX_FILE_BYTES + (1 << 20)  # both streams at the local cap, JSON-escaped
-_MAX_BACKOFF_S = 30.0
+MAX_REQUEST_RETRIES = 100  # retries of one call (more against a down service is a hang)
+_MAX_BACKOFF_S = 30.0  # longest wait before a retry, whatever request_backoff says
 _SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  # as LocalSandbox
 
 # What the local sandbox sets for every call that matters on another machine too: one
@@ -89,49 +105,116 @@ _CALL_ENV = {
     k: v for k, v in sandbox_env().items() if k.endswith("_NUM_THREADS") or k == "MPLBACKEND"
 }
 _AUTOPRINT_SOURCE = (Path(__file__).resolve().parent / "autoprint.py").read_text(encoding="utf-8")
-# The local fork server's _run_code (server.py), for a plain interpreter that runs
-# this file; Python 3.8+ syntax (the service's interpreter may be older than ours).
-# Keep the two in step: test_fusion.py compares their results snippet by snippet.
-_DRIVER = """
+# The local fork server's runtime (server.py: _ours, _trim, _describe, _write_text,
+# _run_code, _exit_status), for the plain interpreter that runs the program sent.
+# It is compiled as "<retool-runtime>" and the auto-print as "<retool-autoprint>":
+# those are the frames trimmed here, as the runtime directory's are there. Standard
+# library only, Python 3.8 syntax (the service's interpreter may be older than ours),
+# no annotations. Keep the two in step: test_fusion.py runs the same snippets on both
+# (test_same_results_as_the_local_sandbox) and compares every field.
+_RUNTIME = """
 import builtins, contextlib, os, sys, traceback
 
-os.environ.update(_ENV)  # before the code imports numpy & co., which read them once
+# Bound before the code runs: the code may replace these in os and traceback, and
+# the epilogue of _run_code (after the code) must still work.
+_write, _exit = os.write, os._exit
+_TracebackException = traceback.TracebackException
+_format_exception_only = traceback.format_exception_only
+_OWN_FILES = ("<retool-runtime>", "<retool-autoprint>")
+
+
+def _ours(filename):
+    return filename in _OWN_FILES or filename.startswith("<frozen importlib._")
+
+
+def _trim(te, seen):
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack[:] = [frame for frame in te.stack if not _ours(frame.filename)]
+    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
+        if other is not None:
+            _trim(other, seen)
+
+
+def _describe(exc):
+    try:
+        te = _TracebackException.from_exception(exc)
+        _trim(te, set())
+        return "".join(te.format())
+    except BaseException:
+        try:
+            return "".join(_format_exception_only(type(exc), exc))
+        except BaseException:
+            return "Error: the code raised an exception that cannot be shown\\n"
+
+
+def _write_text(fd, text):
+    data = memoryview(text.encode("utf-8", "backslashreplace"))
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[_write(fd, data) :]
 
 
 def _run_code(code, add_autoprint):
-    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout, sys.stderr = out, err
     sys.argv = ["<code>"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    status = 0
+    status, message = 0, ""
     try:
-        exec(compile(add_autoprint(code), "<code>", "exec"), namespace)
+        program = compile(add_autoprint(code), "<code>", "exec")
+    except BaseException as exc:
+        _write_text(2, _describe(exc))
+        return 1
+    try:
+        exec(program, namespace)
     except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException:
-        etype, value, tb = sys.exc_info()
-        traceback.print_exception(etype, value, tb.tb_next if tb else None)
-        status = 1
-    for stream in (sys.stdout, sys.stderr):
+        status, message = _exit_status(exc)
+    except BaseException as exc:
+        status, message = 1, _describe(exc)
+    streams = [sys.stdout, sys.stderr, out, err]
+    for stream in [s for i, s in enumerate(streams) if all(s is not t for t in streams[:i])]:
         with contextlib.suppress(BaseException):
             stream.flush()
+    if message:
+        _write_text(2, message)
     return status
 
 
+def _exit_status(exc):
+    code = exc.code
+    if code is None:
+        return 0, ""
+    if isinstance(code, int):
+        return code, ""
+    try:
+        return 1, f"{code}\\n"
+    except BaseException:
+        return 1, "<exit message str() failed>\\n"
+
+
+os.environ.update(_ENV)  # before the code imports numpy & co., which read them once
 _autoprint = {"__name__": "retool_autoprint"}
 exec(compile(_AUTOPRINT, "<retool-autoprint>", "exec"), _autoprint)
-os._exit(_run_code(_CODE, _autoprint["add_autoprint"]) & 0xFF)
+_exit(_run_code(_CODE, _autoprint["add_autoprint"]) & 0xFF)
 """
 
 
 def remote_program(code: str) -> str:
-    """The Python file sent for ``code``: the driver above with the code as an ASCII literal.
+    """The Python file sent for ``code``: the runtime above, run on the code.
 
-    ASCII so the service's file encoding cannot matter; ``ascii()`` is lossless.
+    Every part is an ASCII literal, so the service's file encoding cannot
+    matter (``ascii()`` is lossless). The runtime runs in a namespace of its
+    own, not in the file's ``__main__``, which the code can import.
     """
-    return f"_AUTOPRINT = {_AUTOPRINT_SOURCE!a}\n_CODE = {code!a}\n_ENV = {_CALL_ENV!a}\n{_DRIVER}"
+    return (
+        f"_AUTOPRINT = {_AUTOPRINT_SOURCE!a}\n_CODE = {code!a}\n_ENV = {_CALL_ENV!a}\n"
+        f"_RUNTIME = {_RUNTIME!a}\n"
+        'exec(compile(_RUNTIME, "<retool-runtime>", "exec"), {"__name__": "retool_runtime", '
+        '"_AUTOPRINT": _AUTOPRINT, "_CODE": _CODE, "_ENV": _ENV})\n'
+    )
 
 
 @dataclass(frozen=True)
@@ -192,7 +275,24 @@ class _TooLarge(Exception):
 
 
 class FusionSandbox:
-    """Runs snippets on a SandboxFusion service; the interface of ``LocalSandbox``."""
+    """Runs snippets on a SandboxFusion service; the interface of ``LocalSandbox``.
+
+    Arguments (each checked at construction, a :class:`ConfigError` naming it
+    otherwise; the shared ranges are :mod:`retool.sandbox.limits`'s, as for
+    ``LocalSandbox``):
+
+    - ``url``: the service's http(s) base URL or its ``/run_code`` endpoint.
+    - ``timeout``: wall-clock seconds per call (``run_timeout``), in (0, 86400].
+    - ``memory_mb``: sent as ``memory_limit_MB``, in [16, 1048576]; the service
+      applies it as it is deployed (older services ignore it).
+    - ``max_workers``: calls in flight at once (pooled connections), in [1, 256].
+    - ``max_output_bytes``: tail kept of stdout and of stderr, in [1, 8 MiB].
+    - ``request_slack``: seconds a reply may take beyond the call's timeout, in
+      (0, 86400]; ``connect_timeout`` likewise for opening a connection.
+    - ``request_retries``: extra attempts after a transport failure, in [0, 100];
+      ``request_backoff``: seconds before the first (doubling, at most 30 per
+      wait), in [0, 86400].
+    """
 
     def __init__(
         self,
@@ -213,18 +313,23 @@ class FusionSandbox:
         service cannot be reached or cannot run the test snippet (wrong URL,
         service down), so a misconfigured run fails before its first step.
         """
-        if timeout <= 0:
-            raise ConfigError(f"sandbox timeout must be > 0 seconds, got {timeout}")
-        if memory_mb <= 0:
-            raise ConfigError(f"sandbox memory_mb must be > 0, got {memory_mb}")
-        if max_workers <= 0:
-            raise ConfigError(f"sandbox max_workers must be >= 1, got {max_workers}")
-        if max_output_bytes <= 0:
-            raise ConfigError(f"sandbox max_output_bytes must be > 0, got {max_output_bytes}")
-        if request_slack <= 0 or connect_timeout <= 0:
-            raise ConfigError("sandbox request_slack and connect_timeout must be > 0 seconds")
-        if request_retries < 0 or request_backoff < 0:
-            raise ConfigError("sandbox request_retries and request_backoff must be >= 0")
+        check_number("FusionSandbox timeout (seconds)", timeout, 0, MAX_TIMEOUT_S, low_open=True)
+        check_number("FusionSandbox memory_mb", memory_mb, *MEMORY_MB_RANGE, integer=True)
+        check_number("FusionSandbox max_workers", max_workers, 1, MAX_WORKERS, integer=True)
+        check_number(
+            "FusionSandbox max_output_bytes", max_output_bytes, 1, MAX_OUTPUT_BYTES, integer=True
+        )
+        for name, seconds in (
+            ("request_slack", request_slack),
+            ("connect_timeout", connect_timeout),
+        ):
+            check_number(
+                f"FusionSandbox {name} (seconds)", seconds, 0, MAX_TIMEOUT_S, low_open=True
+            )
+        check_number(
+            "FusionSandbox request_retries", request_retries, 0, MAX_REQUEST_RETRIES, integer=True
+        )
+        check_number("FusionSandbox request_backoff (seconds)", request_backoff, 0, MAX_TIMEOUT_S)
         self.endpoint = parse_endpoint(url)
         self.url = self.endpoint.url
         self.timeout = float(timeout)
@@ -270,17 +375,29 @@ class FusionSandbox:
             )
 
     # -- running code ---------------------------------------------------------
+    def _screen(self, code: object, timeout: object) -> tuple[float, ExecResult | None]:
+        """The call's time limit, and the refusal of code that must not be sent."""
+        limit = self.timeout
+        if timeout is not None:
+            check_number("FusionSandbox.run timeout", timeout, 0, MAX_TIMEOUT_S, low_open=True)
+            limit = float(timeout)  # type: ignore[arg-type]  # checked: a real number
+        return limit, screen_code(code, self.isolation_level, self.degraded)
+
     def run(self, code: str, timeout: float | None = None) -> ExecResult:
         """Run ``code`` on the service and wait for its result.
 
         Infrastructure failures come back as ``ErrorKind.SANDBOX`` results
-        (after this client's transport retries); raises ``SandboxError`` only
-        after (or during) ``close()``.
+        (after this client's transport retries). Code larger than
+        ``MAX_CODE_BYTES`` or not UTF-8 text is refused unsent
+        (``ErrorKind.ERROR``, as by ``LocalSandbox``); a ``code`` that is not a
+        ``str`` raises ``ConfigError``. Raises ``SandboxError`` after (or
+        during) ``close()``.
         """
         self._check_open()
-        limit = self.timeout if timeout is None else float(timeout)
-        if limit <= 0:
-            raise ConfigError(f"sandbox timeout must be > 0 seconds, got {limit}")
+        limit, refused = self._screen(code, timeout)
+        if refused is not None:
+            self.stats.record(refused)
+            return refused
         result = self._execute(code, limit)
         self.stats.record(result)
         return result
@@ -288,6 +405,7 @@ class FusionSandbox:
     async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
         """``run`` from an event loop, without blocking it."""
         self._check_open()
+        self._screen(code, timeout)  # argument errors raise here, in the caller
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.run, code, timeout)
 
