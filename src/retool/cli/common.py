@@ -52,10 +52,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
+        unset = default is None or default is False or default == [] or default == "==SUPPRESS=="
         if (
             action.option_strings
             and "default" not in text
-            and default not in (None, False, [], argparse.SUPPRESS)
+            and not unset
             and not isinstance(action, argparse._VersionAction | argparse._HelpAction)
         ):
             text += " (default: %(default)s)"

@@ -81,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--backend",
         choices=["local", "pytrio", "tinker"],
-        help="overrides model.backend (only local is available so far)",
+        help="overrides model.backend (default: model.backend of the config, local)",
     )
     parser.add_argument("--dataset", help="the problems (required; see below)")
     parser.add_argument("--output", metavar="FILE.jsonl", help="the results file (required)")
