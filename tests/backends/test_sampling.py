@@ -18,6 +18,11 @@ def _forward_logprobs(model, prompt, completion):
     return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
 
 
+def _assert_policy_logprobs(model, prompt, sequence):
+    expected = _forward_logprobs(model, prompt, sequence.tokens)
+    assert max(abs(a - b) for a, b in zip(expected, sequence.logprobs, strict=True)) <= 1e-4
+
+
 def _sample(client, prompt, n=1, **params):
     return client.sample(ModelInput.from_ints(prompt), n, SamplingParams(**params)).result(120)
 
@@ -189,9 +194,19 @@ def test_request_joins_a_running_batch(service):
         client.close()
 
 
-def test_a_row_samples_the_same_alone_or_in_any_batch(service):
-    """Tokens depend on the seed and the row, not on which requests share the batch."""
+def test_rows_keep_their_own_policy_in_any_batch(service):
+    """A batch of requests of mixed kinds and prompt lengths (left padding) decodes each row
+    as the model would alone: logprobs equal ``forward`` on the row's own tokens, and
+    greedy rows pick the same tokens alone and together.
+
+    Sampled (temperature > 0) tokens are not compared alone against together: a
+    row's logits differ by float rounding (~1e-7) with the batch's shape, in HF's
+    forward as in the lean decode step, and an inverse-CDF draw near a boundary
+    can flip on that. Each row's draw uses only its own generator, so equal
+    logits give equal tokens (``test_sample_tokens_rows_are_independent``).
+    """
     client = service.create_sampling_client(base_model="tiny-random")
+    model = client.engine.model
     kinds = [
         {"temperature": 1.0},
         {"temperature": 0.7, "top_p": 0.9},
@@ -199,7 +214,7 @@ def test_a_row_samples_the_same_alone_or_in_any_batch(service):
         {"temperature": 0.0},
     ]
     try:
-        alone = [_sample(client, PROMPT, n=2, max_tokens=16, seed=21, **kind) for kind in kinds]
+        greedy_alone = _sample(client, PROMPT, n=2, max_tokens=16, seed=21, **kinds[3])
         with client.engine.paused():  # every request, plus others, decoded together
             others = [
                 client.sample(
@@ -215,19 +230,51 @@ def test_a_row_samples_the_same_alone_or_in_any_batch(service):
                 )
                 for kind in kinds
             ]
-        for a, b in zip(alone, together, strict=True):
-            assert [s.tokens for s in a.sequences] == [s.tokens for s in b.result(120).sequences]
-        for future in others:
-            future.result(120)
+        for future in together:
+            for sequence in future.result(120).sequences:
+                _assert_policy_logprobs(model, PROMPT, sequence)
+        greedy_together = together[3].result(120)
+        assert [s.tokens for s in greedy_together.sequences] == [
+            s.tokens for s in greedy_alone.sequences
+        ]
+        for i, future in enumerate(others):
+            prompt = list(range(200, 205 + 7 * i))
+            for sequence in future.result(120).sequences:
+                _assert_policy_logprobs(model, prompt, sequence)
         # Joining a batch that is already decoding changes nothing either.
         long_run = client.sample(
             ModelInput.from_ints(list(range(400, 420))), 2, SamplingParams(max_tokens=300, seed=5)
         )
         joined = _sample(client, PROMPT, n=2, max_tokens=16, seed=21, **kinds[1])
-        assert [s.tokens for s in joined.sequences] == [s.tokens for s in alone[1].sequences]
+        for sequence in joined.sequences:
+            _assert_policy_logprobs(model, PROMPT, sequence)
         long_run.result(120)
     finally:
         client.close()
+
+
+def test_sample_tokens_rows_are_independent():
+    """A row's token depends only on its own logits, settings and uniform."""
+    from retool.backends.local.engine import sample_tokens
+
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 300, generator=generator) * 3
+    logprobs = logits.log_softmax(-1)
+    temperatures = [1.0, 0.7, 1.3, 0.0, 1.0, 0.9]
+    top_ks = [-1, -1, 20, -1, 5, -1]
+    top_ps = [1.0, 0.9, 1.0, 1.0, 0.8, 0.5]
+    uniforms = [0.11, 0.52, 0.93, 0.4, 0.77, 0.05]
+    together = sample_tokens(logits, logprobs, temperatures, top_ks, top_ps, uniforms).tolist()
+    for i in range(6):
+        alone = sample_tokens(
+            logits[i : i + 1],
+            logprobs[i : i + 1],
+            temperatures[i : i + 1],
+            top_ks[i : i + 1],
+            top_ps[i : i + 1],
+            uniforms[i : i + 1],
+        ).tolist()
+        assert alone == [together[i]]
 
 
 def test_sample_tokens_inverse_cdf_and_filters():

@@ -21,15 +21,28 @@ takes ONE uniform from its own generator per token and the token is found by a
 search over its cumulative probabilities. So a row's tokens depend only on its
 seed, its index among the request's samples and its logits, never on which
 other rows share the batch.
+
+For Llama models the decode step runs :class:`~retool.backends.local.decode.LeanDecoder`
+(1.2-1.8x faster than HF's forward for this shape on CPU; see ``decode.py``);
+other models use HF's forward. Prefill always uses HF's forward.
+
+Stopping: ``close()`` sets a flag and wakes the thread, which fails every
+request in flight or queued ("the sampling engine was closed") and exits at
+the next step boundary; ``close()`` joins it. Every live engine is closed at
+interpreter exit (``atexit``), so the interpreter never finalises while the
+thread is inside torch (which aborted Ctrl-C'd runs with "terminate called
+without an active exception", exit 134).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass, field
@@ -37,6 +50,7 @@ from typing import Any
 
 import torch
 
+from retool.backends.local.decode import lean_decoder_for
 from retool.backends.local.kv import (
     KV,
     PrefixCache,
@@ -51,6 +65,18 @@ from retool.types import SampledSequence, SampleResponse, SamplingParams, StopRe
 _SEED_STRIDE = 1_000_003
 _SPARE = 256  # cache slots allocated ahead of need (doubling beyond that)
 _TOP_P_CANDIDATES = 1024  # top-p looks at this many most likely tokens first
+_CLOSE_TIMEOUT_S = 60.0  # longest a close() waits for the step in progress
+
+_LIVE_ENGINES: weakref.WeakSet[SamplingEngine] = weakref.WeakSet()
+
+
+def _close_live_engines() -> None:
+    """At interpreter exit: stop every engine thread before torch is torn down."""
+    for engine in list(_LIVE_ENGINES):
+        engine.close()
+
+
+atexit.register(_close_live_engines)
 
 
 @dataclass
@@ -91,6 +117,7 @@ class SamplingEngine:
         max_batch_rows: int = 64,
         prefix_cache_bytes: int = 1 << 30,
         max_context_tokens: int = 8192,
+        lean_decode: bool = True,
     ) -> None:
         self.model = model.eval()
         for parameter in self.model.parameters():
@@ -110,9 +137,12 @@ class SamplingEngine:
         # transformers 5 renamed ``past_key_values`` to ``cache``; accept both.
         params = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # The lean decode step for Llama models (None: HF's forward decodes).
+        self.decoder = lean_decoder_for(model) if lean_decode else None
         self.steps = 0  # decode steps run
         self.tokens_generated = 0
         self._thread = threading.Thread(target=self._loop, name="retool-sampler", daemon=True)
+        _LIVE_ENGINES.add(self)
         self._thread.start()
 
     # -- public ---------------------------------------------------------------
@@ -153,20 +183,47 @@ class SamplingEngine:
         return self.prefix_cache.stats()
 
     def close(self) -> None:
+        """Fail every request in flight or queued and stop the thread (idempotent).
+
+        Returns once the thread has left its current step (at most
+        ``_CLOSE_TIMEOUT_S``); called from the engine's own thread (a future's
+        callback), it only signals.
+        """
         self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+        self._queue.put(None)  # wakes an idle thread
+        _LIVE_ENGINES.discard(self)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=_CLOSE_TIMEOUT_S)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- the loop -------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        try:
+            while not self._closed:
+                incoming: list[_Request | None] = []
+                if not self._rows:
+                    incoming.append(self._queue.get())  # idle: block until work arrives
+                with self._run_lock:
+                    if not self._iterate(incoming):
+                        return
+        finally:
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Fail the rows in flight and every request still queued."""
+        error = RuntimeError("the sampling engine was closed")
+        self._fail_all(error)
         while True:
-            incoming: list[_Request | None] = []
-            if not self._rows:
-                incoming.append(self._queue.get())  # idle: block until work arrives
-            with self._run_lock:
-                if not self._iterate(incoming):
-                    return
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is not None and not request.future.done():
+                request.future.set_exception(error)
 
     def _iterate(self, incoming: list[_Request | None]) -> bool:
         """Admit new requests, run one decode step; False once closed."""
@@ -175,15 +232,20 @@ class SamplingEngine:
                 incoming.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        for request in incoming:
-            if request is None:
-                self._fail_all(RuntimeError("the sampling engine was closed"))
+        for index, request in enumerate(incoming):
+            if request is None or self._closed:
+                error = RuntimeError("the sampling engine was closed")
+                for pending in incoming[index:]:
+                    if pending is not None and not pending.future.done():
+                        pending.future.set_exception(error)
                 return False
             try:
                 self._admit(request)
             except Exception as exc:
                 if not request.future.done():
                     request.future.set_exception(exc)
+        if self._closed:
+            return False
         if self._rows:
             try:
                 self._step()
@@ -313,22 +375,25 @@ class SamplingEngine:
     def _step(self) -> None:
         assert self._cache is not None and self._valid is not None
         rows = self._rows
-        ids = torch.tensor([[row.tokens[-1]] for row in rows], device=self.device)
-        positions = torch.tensor([[p] for p in self._positions], device=self.device)
+        ids = torch.tensor([row.tokens[-1] for row in rows], device=self.device)
+        positions = torch.tensor(self._positions, device=self.device)
         mask = torch.cat(
             [self._valid, torch.ones(len(rows), 1, dtype=torch.bool, device=self.device)], dim=1
         )
         # The cache grows in place (spare capacity), so a step copies no history.
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask.long(),
-            use_cache=True,
-            **{self._cache_kwarg: self._cache},
-        )
+        if self.decoder is not None:
+            logits = self.decoder.step(ids, positions, self._cache.layers, mask).float()
+        else:
+            out = self.model(
+                input_ids=ids.unsqueeze(1),
+                position_ids=positions.unsqueeze(1),
+                attention_mask=mask.long(),
+                use_cache=True,
+                **{self._cache_kwarg: self._cache},
+            )
+            logits = out.logits[:, -1].float()
         self._valid = mask
         self._positions = [p + 1 for p in self._positions]
-        logits = out.logits[:, -1].float()
         self.steps += 1
         self._advance(rows, logits)
         keep = []

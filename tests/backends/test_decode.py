@@ -1,0 +1,168 @@
+"""The lean decode step against HF's forward, and the engine's clean stop."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from retool.backends.local.decode import lean_decoder_for
+from retool.backends.local.kv import make_cache
+
+
+@pytest.fixture(scope="module")
+def model():
+    from retool.backends.local.models import load_model
+
+    return load_model("tiny-random", seed=3).eval()
+
+
+def _batch(model, sequences):
+    """Right-aligned KV of each sequence's prefill (all but its last token), and the mask."""
+    width = max(len(s) for s in sequences) - 1
+    layers = model.config.num_hidden_layers
+    keys = [[] for _ in range(layers)]
+    values = [[] for _ in range(layers)]
+    valid = torch.zeros(len(sequences), width, dtype=torch.bool)
+    with torch.no_grad():
+        for row, tokens in enumerate(sequences):
+            cache = model(input_ids=torch.tensor([tokens[:-1]]), use_cache=True).past_key_values
+            pad = width - (len(tokens) - 1)
+            valid[row, pad:] = True
+            for i, layer in enumerate(cache.layers):
+                keys[i].append(torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)))
+                values[i].append(torch.nn.functional.pad(layer.values, (0, 0, pad, 0)))
+    kv = [(torch.cat(k), torch.cat(v)) for k, v in zip(keys, values, strict=True)]
+    return kv, valid
+
+
+def test_lean_step_equals_hf_forward_over_a_padded_batch(model):
+    decoder = lean_decoder_for(model)
+    assert decoder is not None
+    generator = torch.Generator().manual_seed(0)
+    sequences = [
+        torch.randint(3, 40000, (n,), generator=generator).tolist() for n in (9, 23, 16, 23)
+    ]
+    kv, valid = _batch(model, sequences)
+    ids = torch.tensor([s[-1] for s in sequences])
+    positions = torch.tensor([len(s) - 1 for s in sequences])
+    mask = torch.cat([valid, torch.ones(len(sequences), 1, dtype=torch.bool)], dim=1)
+    cache = make_cache(kv, extra=4)
+    with torch.no_grad():
+        got = decoder.step(ids, positions, cache.layers, mask).log_softmax(-1)
+        for row, tokens in enumerate(sequences):  # each row alone, no padding, full forward
+            want = model(input_ids=torch.tensor([tokens])).logits[0, -1].log_softmax(-1)
+            assert (got[row] - want).abs().max() <= 1e-5
+    # The step appended each row's new key/value column.
+    assert all(layer.get_seq_length() == valid.shape[1] + 1 for layer in cache.layers)
+    with torch.no_grad():  # a second step reads what the first wrote
+        ids2 = got.argmax(-1)
+        mask2 = torch.cat([mask, torch.ones(len(sequences), 1, dtype=torch.bool)], dim=1)
+        got2 = decoder.step(ids2, positions + 1, cache.layers, mask2).log_softmax(-1)
+        for row, tokens in enumerate(sequences):
+            want = model(input_ids=torch.tensor([[*tokens, int(ids2[row])]])).logits[0, -1]
+            assert (got2[row] - want.log_softmax(-1)).abs().max() <= 1e-5
+
+
+def test_other_architectures_fall_back_to_hf():
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from retool.backends.local.models import load_model
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
+    assert lean_decoder_for(gpt2) is None
+    llama = load_model("tiny-random")
+    config = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    assert lean_decoder_for(get_peft_model(llama, config)) is None
+    assert lean_decoder_for(llama) is None  # its q_proj layers are LoRA layers now
+
+
+def test_engine_without_lean_decode_samples_the_same_policy(model, smol_tokenizer):
+    from retool.backends.local.engine import SamplingEngine
+    from retool.types import SamplingParams
+
+    prompt = list(range(100, 130))
+    engine = SamplingEngine(model, smol_tokenizer, lean_decode=False)
+    try:
+        assert engine.decoder is None
+        response = engine.submit(prompt, 2, SamplingParams(max_tokens=8, seed=4)).result(120)
+    finally:
+        engine.close()
+    for sequence in response.sequences:
+        ids = torch.tensor([prompt + list(sequence.tokens)])
+        with torch.no_grad():
+            logprobs = model(input_ids=ids).logits[0].log_softmax(-1)
+        want = [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(sequence.tokens)]
+        assert max(abs(a - b) for a, b in zip(want, sequence.logprobs, strict=True)) <= 1e-4
+
+
+def test_close_fails_requests_in_flight_and_queued(model, smol_tokenizer):
+    from retool.backends.local.engine import SamplingEngine
+    from retool.types import SamplingParams
+
+    engine = SamplingEngine(model, smol_tokenizer)
+    with engine.paused():
+        running = engine.submit(list(range(5, 50)), 2, SamplingParams(max_tokens=4000, seed=0))
+    deadline = time.monotonic() + 60
+    while engine.steps < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    engine.close()
+    assert engine.closed and not engine._thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        running.result(5)
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit([1, 2, 3], 1, SamplingParams(max_tokens=4)).result(5)
+    engine.close()  # idempotent
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    from retool.backends.local import LocalServiceClient
+    from retool.types import ModelInput, SamplingParams
+
+    client = LocalServiceClient(checkpoint_root={root!r}).create_sampling_client(
+        base_model="tiny-random"
+    )
+    future = client.sample(
+        ModelInput.from_ints(list(range(5, 200))), 16, SamplingParams(max_tokens=4000, seed=0)
+    )
+    while client.engine.steps < 3:
+        time.sleep(0.001)
+    print("sampling", flush=True)
+    try:
+        future.result()  # never closed: interpreter exit must still stop the engine cleanly
+    except KeyboardInterrupt:
+        sys.exit(130)  # what the CLI does
+    """
+)
+
+
+def test_ctrl_c_while_sampling_exits_130_without_abort(tmp_path):
+    """Ctrl-C with the engine thread inside torch: exit 130, no 'terminate called' abort."""
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD.format(root=str(tmp_path))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        # SIGINT's default disposition, whatever the test runner inherited
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert child.stdout.readline().strip() == "sampling"
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert "terminate called" not in stderr and "Fatal Python error" not in stderr
+    assert child.returncode == 130, stderr[-2000:]
