@@ -117,6 +117,39 @@ def test_snapshot_is_frozen(lora):
     sampler.close()
 
 
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_snapshot_reuses_a_closed_clients_model_with_the_current_weights(service, kind):
+    trainer = (
+        service.create_lora_training_client("tiny-random", rank=4, seed=0)
+        if kind == "lora"
+        else service.create_training_client("tiny-random", seed=0)
+    )
+
+    def train_step():
+        trainer.forward_backward(DATA, "ppo").result()
+        trainer.optim_step(ADAM).result()
+
+    train_step()
+    first = trainer.save_weights_and_get_sampling_client()
+    reused = first.engine.model
+    first.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        first.compute_logprobs(ModelInput.from_ints([1, 2, 3])).result()
+    train_step()
+    second = trainer.save_weights_and_get_sampling_client()
+    assert second.engine.model is reused  # refreshed in place, not copied
+    expected = trainer._snapshot_model().state_dict()  # deepcopy + PEFT merge_and_unload
+    got = second.engine.model.state_dict()
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    # An open client keeps its weights: the next snapshot gets a model of its own.
+    third = trainer.save_weights_and_get_sampling_client()
+    assert third.engine.model is not second.engine.model
+    for client in (second, third):
+        client.close()
+
+
 def test_save_and_restore_is_exact(service):
     original = service.create_lora_training_client("tiny-random", rank=4, seed=0)
     for _ in range(2):

@@ -199,6 +199,11 @@ class SamplingEngine:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def stopped(self) -> bool:
+        """Closed and its thread gone: nothing touches the model any more."""
+        return self._closed and not self._thread.is_alive()
+
     # -- the loop -------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)

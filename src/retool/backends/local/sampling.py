@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import torch
@@ -15,8 +15,10 @@ from retool.types import Future, ModelInput, SampleResponse, SamplingParams
 class LocalSamplingClient:
     """Samples from one frozen copy of the weights.
 
-    The client owns its model: later optimizer steps of the training client it
-    came from do not change what it samples.
+    The client owns its model while it is open: later optimizer steps of the
+    training client it came from do not change what it samples. ``close()``
+    stops its engine and hands the model to ``on_close`` (the training client
+    reuses it for its next snapshot), so a closed client refuses further calls.
     """
 
     def __init__(
@@ -26,8 +28,10 @@ class LocalSamplingClient:
         max_context_tokens: int = 8192,
         prefix_cache_bytes: int = 1 << 30,
         name: str | None = None,
+        on_close: Callable[[Any], None] | None = None,
     ) -> None:
         self.name = name
+        self._on_close = on_close
         self._tokenizer = tokenizer
         self.engine = SamplingEngine(
             model,
@@ -50,6 +54,8 @@ class LocalSamplingClient:
         """Logprob of each prompt token given the ones before it (``None`` for the first)."""
 
         def run() -> list[float | None]:
+            if self.engine.closed:
+                raise RuntimeError("the sampling client is closed")
             tokens = prompt.to_ints()
             ids = torch.tensor([tokens], device=self.engine.device)
             with torch.no_grad():
@@ -73,3 +79,6 @@ class LocalSamplingClient:
 
     def close(self) -> None:
         self.engine.close()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None and self.engine.stopped:
+            on_close(self.engine.model)

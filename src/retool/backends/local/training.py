@@ -123,6 +123,9 @@ class LocalTrainingClient:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._names = [n for n, p in model.named_parameters() if p.requires_grad]
         self._optimizer: torch.optim.AdamW | None = None
+        self._lora_layers = _mergeable_lora_layers(self._causal_lm(), self._names)
+        self._free_sampler_models: list[Any] = []  # closed sampling clients' models, to reuse
+        self._pool_lock = threading.Lock()
         if gradient_checkpointing:
             recompute_layers(self._causal_lm(), recompute_fraction)
         use_lean_lora_forward(self.model)
@@ -353,6 +356,50 @@ class LocalTrainingClient:
             np.random.set_state(state["numpy_rng"])
             self.steps = int(meta["steps"])
 
+    def _sampler_model(self) -> Any:
+        """Weights for a new sampling client: a free pooled model refreshed, else a copy.
+
+        A sampling client's weights never change while it is open. When it is
+        closed its model returns to the pool (``_release_sampler_model``), and
+        the next snapshot writes the current weights into that model instead
+        of copying the whole training model: for LoRA only the adapted
+        projections, each ``W + scale * B @ A`` exactly as PEFT merges them; the
+        other weights are frozen and already equal. On SmolLM2 this takes
+        0.1-0.2 s against 1-19 s for ``deepcopy`` + ``merge_and_unload`` (the
+        latter also allocates 540 MB per step).
+        """
+        with self._pool_lock:
+            model = self._free_sampler_models.pop() if self._free_sampler_models else None
+        if model is not None:
+            with self._lock, torch.no_grad():
+                if self._refresh_sampler_model(model):
+                    return model
+        return self._snapshot_model()
+
+    def _refresh_sampler_model(self, model: Any) -> bool:
+        """Copy the current (merged) weights into ``model``; False if this client cannot."""
+        if self.lora is None:
+            target = dict(model.named_parameters())
+            for name, param in self.model.named_parameters():
+                if name not in target or target[name].shape != param.shape:
+                    return False
+                target[name].copy_(param)
+            return True
+        if self._lora_layers is None:
+            return False
+        for name, layer in self._lora_layers:
+            linear = model.get_submodule(name)
+            adapter = layer.active_adapters[0]
+            linear.weight.copy_(layer.base_layer.weight)
+            linear.weight.add_(layer.get_delta_weight(adapter))  # PEFT's own merge, in place
+        return True
+
+    def _release_sampler_model(self, model: Any) -> None:
+        """A closed sampling client's model: kept (one at most) for the next snapshot."""
+        with self._pool_lock:
+            if not self._free_sampler_models:
+                self._free_sampler_models.append(model)
+
     def _snapshot_model(self) -> Any:
         """A frozen copy of the current weights, LoRA merged in, for sampling."""
         with self._lock:
@@ -392,14 +439,41 @@ class LocalTrainingClient:
         if name is not None:
             self.save_weights_for_sampler(name).result()
         return LocalSamplingClient(
-            self._snapshot_model(),
+            self._sampler_model(),
             self.tokenizer,
             max_context_tokens=self.max_context_tokens,
             name=name,
+            on_close=self._release_sampler_model,
         )
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+
+def _mergeable_lora_layers(model: Any, trainable: Sequence[str]) -> list[tuple[str, Any]] | None:
+    """``(name, layer)`` of every LoRA layer if a snapshot may merge them in place, else None.
+
+    In place needs plain LoRA: one active adapter per layer, no DoRA, nothing
+    merged yet, and no trainable weight outside the adapters (those are what a
+    refresh copies; everything else must be frozen).
+    """
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return None
+    if not trainable or any("lora_" not in name for name in trainable):
+        return None
+    layers = []
+    for name, module in model.named_modules():
+        if not hasattr(module, "lora_A"):
+            continue
+        if type(module) is not LoraLinear or module.merged or len(module.active_adapters) != 1:
+            return None
+        adapter = module.active_adapters[0]
+        if adapter not in module.lora_A or module.use_dora.get(adapter, False):
+            return None
+        layers.append((name, module))
+    return layers or None
 
 
 def recompute_layers(model: Any, fraction: float) -> int:
