@@ -44,7 +44,14 @@ from retool.data.examples import MathExample
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
 
-RESUMABLE_CHANGES = {("train", "steps"), ("train", "save_every")}  # may differ on --resume
+# Keys that may differ on --resume: how long to run, how often to save, and the
+# spend limits (a budget stop tells the user to raise them and resume).
+RESUMABLE_CHANGES = {
+    ("train", "steps"),
+    ("train", "save_every"),
+    ("cost", "max_tokens"),
+    ("cost", "max_money"),
+}
 
 
 @dataclass(frozen=True)
