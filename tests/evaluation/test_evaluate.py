@@ -184,7 +184,11 @@ def _cli_subprocess(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
+def test_cli_bad_inputs_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    # no stored Tinker login may make the remote-backend case pass for the wrong reason
+    for name in ("TINKER_API_KEY", "TINKER_CREDENTIAL_CMD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
     out = tmp_path / "out.jsonl"
     bad_data = tmp_path / "bad.jsonl"
     bad_data.write_text(json.dumps({"prompt": "Q", "solution": "1"}) + "\n")
@@ -200,7 +204,7 @@ def test_cli_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
          "not a run directory"),
         ((*base, "--val-n", "0"), "--val-n must be >= 1"),
         ((*base, "--limit", "0"), "--limit must be >= 1"),
-        ((*base, "--backend", "tinker"), "has no adapter yet"),
+        ((*base, "--backend", "tinker"), "TINKER_API_KEY"),
         ((*base, "--set", "rollout.top_p=2"), "rollout.top_p must be in (0, 1]"),
         (("--model", "tiny-random", "--dataset", "demo", "--output", str(tmp_path)),
          "is a directory"),
