@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from retool.config import RolloutConfig, SandboxConfig, load_config, parse_override
@@ -73,3 +75,100 @@ def test_parse_override():
     assert parse_override("a.b=word") == ("a", "b", "word")
     with pytest.raises(ConfigError):
         parse_override("nodot=3")
+
+
+@pytest.mark.parametrize(
+    "value, kwargs, message",
+    [
+        ("8", {"integer": True, "low": 1}, "x must be an integer >= 1, got the string '8'"),
+        (True, {"integer": True}, "x must be an integer, got True"),
+        (None, {}, "x must be a finite number, got None"),
+        (float("nan"), {"low": 0}, "x must be a finite number >= 0, got nan"),
+        (float("inf"), {}, "x must be a finite number, got inf"),
+        (2.5, {"integer": True}, "x must be an integer, got 2.5"),
+        (0, {"low": 0, "low_open": True}, "x must be > 0, got 0"),
+        (-1, {"low": 0, "high": 10}, "x must be >= 0 and <= 10, got -1"),
+        (11, {"low": 0, "high": 10}, "x must be <= 10 and >= 0, got 11"),
+        (2**40, {"high": 2**32 - 1}, r"x must be <= 2\*\*32 - 1, got"),
+    ],
+)
+def test_check_number_names_the_field_and_the_range(value, kwargs, message):
+    from retool.config import check_number
+
+    with pytest.raises(ConfigError, match=message):
+        check_number("x", value, **kwargs)
+
+
+def test_check_number_accepts_numpy_scalars_and_bounds():
+    import numpy as np
+
+    from retool.config import check_number
+
+    check_number("x", np.int64(3), 1, 3, integer=True)
+    check_number("x", np.float32(0.5), 0, 1, low_open=True)
+    check_number("x", 1, 0, 1)  # an int where a float is expected
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.learning_rate=nan", "train.learning_rate"),
+        ("train.steps=100000000", "train.steps must be <= 10**7"),
+        ("train.eps=0", "train.eps must be > 0"),
+        ("train.clip_high=0.5", "train.clip_high must be >= 1"),
+        ("train.seed=-1", "train.seed must be >= 0"),
+        ("reward.timeout=1e12", "reward.timeout must be <= 3600"),
+        ("reward.workers=1000", "reward.workers must be <= 256"),
+        ("reward.function=nocolon", "package.module:function"),
+        ("data.seed=4294967296", "data.seed must be <= 2**32 - 1"),
+        ('data.train=""', "data.train must not be empty"),
+        ("model.device=tpu", "model.device must be auto, cpu, cuda, cuda:N or mps"),
+        ("model.device=cuda:x", "model.device"),
+    ],
+)
+def test_override_errors_name_their_origin(override, fragment):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides=[override])
+    assert str(caught.value).startswith(f"--set {override}: ")
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12", "mps"])
+def test_devices_that_are_accepted(device):
+    assert load_config(overrides=[f"model.device={device}"]).model.device == device
+
+
+def test_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "c.toml"
+    bad.write_text("[train]\nlearning_rate = inf\n")
+    with pytest.raises(ConfigError, match=rf"^{bad}: train.learning_rate"):
+        load_config(bad)
+    nul = tmp_path / "nul.toml"
+    nul.write_text('[train]\nrun_dir = "a\\u0000b"\n')
+    with pytest.raises(ConfigError, match="train.run_dir must not contain a NUL"):
+        load_config(nul)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: p.write_bytes(b"[rollout]\nprotocol = '\xe9'\n"), r":2: not UTF-8 .*column 13"),
+        (lambda p: None, "no such file"),
+    ],
+    ids=["directory", "latin1", "missing"],
+)
+def test_unreadable_config_files_are_one_error(tmp_path, make, message):
+    path = tmp_path / "c.toml"
+    make(path)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_devices_and_fifos_are_refused_without_reading(tmp_path):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # reading it would block forever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config("/dev/zero")  # reading it would never end

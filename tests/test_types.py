@@ -52,11 +52,28 @@ def test_datum_checks_lengths():
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": 0}, "top_k"),
+        ({"max_tokens": "256"}, "max_tokens must be an integer .* got the string '256'"),
+        ({"max_tokens": 2**30}, r"max_tokens must be <= 2\*\*20"),
+        ({"max_tokens": True}, "max_tokens must be an integer"),
+        ({"temperature": float("nan")}, "temperature .* got nan"),
+        ({"temperature": 1e9}, "temperature must be <= 100"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"seed": "7"}, "seed"),
+        ({"stop": [None]}, "stop token id"),
+        ({"stop": ["ok", ""]}, "stop must not contain an empty string"),
+        ({"stop": 3.5}, "stop must be a sequence"),
     ],
 )
 def test_sampling_params_validation(kwargs, field):
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(ConfigError, match=f"SamplingParams.{field}"):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalises_stop():
+    assert SamplingParams(stop="</s>").stop == ("</s>",)
+    assert SamplingParams(stop=["a", 2]).stop == ("a", 2)
+    assert SamplingParams(stop=[np.int64(7)]).stop == (7,)
 
 
 def test_sampled_sequence_alignment():
@@ -64,9 +81,20 @@ def test_sampled_sequence_alignment():
         SampledSequence(tokens=(1, 2), logprobs=(-0.1,))
 
 
-def test_adam_params_validation():
-    with pytest.raises(ConfigError, match="beta2"):
-        AdamParams(beta2=1.0)
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"beta2": 1.0}, "beta2"),
+        ({"learning_rate": float("inf")}, "learning_rate"),
+        ({"learning_rate": "1e-4"}, "learning_rate must be a finite number .* the string"),
+        ({"eps": 0}, "eps must be > 0"),
+        ({"weight_decay": -0.1}, "weight_decay must be >= 0"),
+        ({"grad_clip_norm": float("nan")}, "grad_clip_norm"),
+    ],
+)
+def test_adam_params_validation(kwargs, message):
+    with pytest.raises(ConfigError, match=f"AdamParams.{message}"):
+        AdamParams(**kwargs)
 
 
 def test_future_result_and_await():
