@@ -52,12 +52,14 @@ def epoch_order(num_items: int, batch_size: int, seed: int, epoch: int) -> tuple
 
 def batch_indices(num_items: int, batch_size: int, step: int, seed: int) -> list[int]:
     """Indices of the examples in batch ``step`` (0-based)."""
+    from retool.config import check_number
+
+    check_number("num_items", num_items, integer=True)
     if num_items <= 0:
         raise ConfigError("cannot draw batches from an empty dataset")
-    if batch_size <= 0:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if step < 0:
-        raise ConfigError(f"step must be >= 0, got {step}")
+    check_number("batch_size", batch_size, 1, integer=True)
+    check_number("step", step, 0, integer=True)
+    check_number("seed", seed, integer=True)
     chosen: list[int] = []
     position = step * batch_size
     while len(chosen) < batch_size:

@@ -29,6 +29,14 @@ class MathExample:
     answer: str  # reference answer (LaTeX or plain), compared by math equivalence
     data_source: str = ""  # where it came from, e.g. "dapo-math-17k" or "demo/modpow"
 
+    def __post_init__(self) -> None:
+        for name in ("id", "question", "answer", "data_source"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise DataError(
+                    f"MathExample.{name} must be a string, got {type(value).__name__} {value!r}"
+                )
+
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
@@ -116,7 +124,9 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
     Raises :class:`DataError` for a missing file, a malformed line, a missing or
     empty ``question``/``answer``, a duplicate id, or an empty file.
     """
-    path = Path(path)
+    from retool.data.files import as_path
+
+    path = as_path(path, "load_examples(path)")
     if not path.exists():
         raise DataError(f"{path}: no such file")
     if path.is_dir():
@@ -150,15 +160,20 @@ def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -
     files that must change together go through
     :func:`retool.data.files.staged_output`.
     """
-    from retool.data.files import reason
+    from retool.data.files import as_path, reason
 
-    path = Path(path)
+    path = as_path(path, "write_jsonl(path)")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     count = 0
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tmp.open("w", encoding="utf-8") as handle:
             for example in examples:
+                if not isinstance(example, MathExample):
+                    raise DataError(
+                        f"write_jsonl: item {count} is a {type(example).__name__}, "
+                        "not a MathExample"
+                    )
                 handle.write(json.dumps(example.to_dict(), ensure_ascii=False) + "\n")
                 count += 1
         os.replace(tmp, path)

@@ -39,6 +39,23 @@ PSEUDO_ROOTS = ("/proc", "/sys", "/dev")  # kernel file systems: never a place f
 TEXT_LIMIT = 16 * 2**20  # bytes of a config or other small text file
 
 
+def as_path(value: object, name: str) -> Path:
+    """A path argument of a public function, checked: text or path-like, not empty, no NUL.
+
+    ``name`` says which argument (``"load_examples(path)"``), so a ``None`` or a
+    number passed by mistake is a :class:`ConfigError` naming it, not a
+    ``TypeError`` from deep inside ``os``.
+    """
+    if isinstance(value, bytes) or not isinstance(value, str | os.PathLike):
+        raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{name} must not be empty")
+    if "\0" in text:
+        raise ConfigError(f"{name} must not contain a NUL character, got {text!r}")
+    return Path(text)
+
+
 def _named(path: Path | str, flag: str | None) -> str:
     return f"{flag} {path}" if flag else str(path)
 

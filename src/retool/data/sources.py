@@ -12,6 +12,10 @@ from retool.data.examples import MathExample, load_examples
 
 def load_dataset(spec: str) -> list[MathExample]:
     """The examples ``spec`` names (see the module docstring)."""
+    if not isinstance(spec, str) or not spec.strip():
+        from retool.errors import ConfigError
+
+        raise ConfigError(f"a dataset is demo, demo:SPLIT or a file path, got {spec!r}")
     if spec == "demo" or spec.startswith("demo:"):
         from retool.data.demo import demo_examples
 

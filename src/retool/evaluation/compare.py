@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from retool.errors import DataError
@@ -103,7 +102,10 @@ class Comparison:
 
 def compare(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str]) -> Comparison:
     """Compare two results files (see the module docstring); raises :class:`DataError`."""
-    a, b = load_results(Path(a_path)), load_results(Path(b_path))
+    from retool.data.files import as_path
+
+    a = load_results(as_path(a_path, "compare(a_path)"))
+    b = load_results(as_path(b_path, "compare(b_path)"))
     if a.n != b.n:
         raise DataError(
             f"{b.path}: n = {b.n} samples per problem, but {a.path} has n = {a.n}; "

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.data.examples import MathExample, iter_jsonl
-from retool.errors import DataError
+from retool.errors import ConfigError, DataError
 
 QUESTION_FIELDS = ("question", "problem")
 ANSWER_FIELDS = ("answer",)
@@ -184,9 +184,21 @@ def load_eval_examples(
     ``spec``: ``demo`` (the demo test split), ``demo:SPLIT``, a ``.jsonl`` /
     ``.json`` / ``.parquet`` file, or a ``save_to_disk`` directory.
     """
+    from retool.config import check_number
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise DataError(
+            f"a dataset is demo, demo:SPLIT, a .jsonl/.parquet file or a save_to_disk "
+            f"directory, got {spec!r}"
+        )
     fields = fields or FieldNames()
-    if limit is not None and limit < 1:
-        raise DataError(f"--limit must be >= 1, got {limit}")
+    if not isinstance(fields, FieldNames):
+        raise DataError(f"fields must be a FieldNames, got {fields!r}")
+    if limit is not None:
+        try:
+            check_number("--limit", limit, 1, integer=True)
+        except ConfigError as exc:
+            raise DataError(str(exc)) from None
     if spec == "demo" or spec.startswith("demo:"):
         from retool.data import load_dataset
 

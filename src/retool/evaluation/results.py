@@ -141,7 +141,9 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 def load_results(path: str | os.PathLike[str]) -> EvalResults:
     """Read a results file written by :func:`retool.evaluation.evaluate` (torn tail tolerated)."""
-    path = Path(path)
+    from retool.data.files import as_path
+
+    path = as_path(path, "load_results(path)")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a results .jsonl file")
     lines = _lines(path)

@@ -217,8 +217,11 @@ def _prepare(
     tools: bool,
     seed_step: int,
 ) -> _Prepared:
-    if n < 1:
-        raise ConfigError(f"--val-n must be >= 1, got {n}")
+    from retool.config import check_number
+
+    check_number("--val-n", n, 1, 1024, integer=True)
+    if not isinstance(config, RolloutConfig):
+        raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
     if not examples:
         raise ConfigError("nothing to evaluate: the problem list is empty")
     config = dataclasses.replace(config, group_size=n)

@@ -44,6 +44,10 @@ PERMUTATION_DRAWS = 20000
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct."""
+    from retool.config import check_number
+
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        check_number(f"pass_at_k {name}", value, integer=True)
     if not 0 <= c <= n:
         raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
     if not 1 <= k <= n:
@@ -80,9 +84,15 @@ def bootstrap_ci(
     Resamples the problems with replacement (see the module docstring). An
     empty input gives ``(0.0, 0.0)``; one problem gives a zero-width interval.
     """
+    from retool.config import check_number
+
+    check_number("bootstrap_ci resamples", resamples, 1, 10**7, integer=True)
+    check_number("bootstrap_ci level", level, 0, 1, low_open=True)
     data = np.asarray(values, dtype=float)
     if data.size == 0:
         return 0.0, 0.0
+    if not np.isfinite(data).all():
+        raise ValueError("bootstrap_ci values must be finite numbers (a nan or inf is a bug)")
     rng = np.random.default_rng(seed)
     means = np.empty(resamples)
     chunk = max(1, 2_000_000 // data.size)  # bounded memory for big benchmarks

@@ -139,8 +139,9 @@ def _mean(values: list[float]) -> float:
 
 def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
     """Summarize sample rows of an evaluation with ``n`` samples per problem."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    from retool.config import check_number
+
+    check_number("summarize n", n, 1, integer=True)
     rows = list(rows)
     problems = complete_problems(rows, n)
     incomplete = len({str(r["problem_id"]) for r in rows}) - len(problems)

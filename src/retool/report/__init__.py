@@ -79,16 +79,18 @@ def write_report(
     (``model.base_model``) is loaded, and ``False`` colours whole messages by
     role instead. Raises :class:`ReportError` for bad inputs, before writing.
     """
-    from retool.data.files import check_output_dir, staged_output
+    from retool.data.files import as_path, check_output_dir, staged_output
     from retool.report.page import render_page
     from retool.report.plots import plot_evals, plot_metrics
     from retool.report.viewer import build_viewer
 
-    run = load_run(run_dir)
-    target = Path(output) if output is not None else run.path / "report"
+    run = load_run(as_path(run_dir, "write_report(run_dir)"))
+    target = as_path(output, "write_report(output)") if output is not None else run.path / "report"
     check_output_dir(target, flag="--output", error=ReportError)
     require("matplotlib", "report")  # before anything is written
-    paths = [Path(p) for p in eval_files]
+    if isinstance(eval_files, str | os.PathLike):
+        eval_files = [eval_files]  # one file, not its characters
+    paths = [as_path(p, "write_report(eval_files)") for p in eval_files]
     evals = [
         load_eval_file(path, label) for path, label in zip(paths, unique_labels(paths), strict=True)
     ]
