@@ -267,6 +267,7 @@ CASES = [
     case("train-eval-dataset-missing",
          "train --run-dir r --set train.eval_every=1 --set train.eval_dataset=ev.jsonl",
          "ev.jsonl", "no such file"),
+    case("train-eval-n-idle", "train --set train.eval_n=8", "train.eval_n", "train.eval_every"),
     case("train-tracker-bad", "train --tracker mlflow", "--tracker", "invalid choice"),
     case("sft-no-data", "sft", "--data", "required", "make-demos"),
     case("sft-data-missing", "sft --data nope.jsonl", "nope.jsonl", "no such file"),

@@ -179,6 +179,11 @@ def _override_key(text: str) -> str:
     return f"{section}.{key}"
 
 
+def set_keys(args: argparse.Namespace) -> list[str]:
+    """The ``section.key`` of every ``--set`` given, in order."""
+    return [_override_key(text) for text in args.overrides]
+
+
 def load_command_config(
     args: argparse.Namespace,
     command: str,

@@ -181,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:36s} {value:.4g}")
     if output is not None:
         lines = "".join(json.dumps(t.to_record()) + "\n" for t in result.trajectories)
+        existed = output.exists()
         tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
         try:
             tmp.write_text(lines, encoding="utf-8")
@@ -189,5 +190,6 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--output {output}: cannot write ({exc.strerror})") from None
         finally:
             tmp.unlink(missing_ok=True)
-        print(f"wrote {len(result.trajectories)} trajectories to {output}")
+        replaced = " (replaced the existing file)" if existed else ""
+        print(f"wrote {len(result.trajectories)} trajectories to {output}{replaced}")
     return 0

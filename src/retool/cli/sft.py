@@ -170,11 +170,13 @@ def run_make_demos(args: argparse.Namespace) -> int:
             f"no demonstration could be made: the sandbox output of all {len(problems)} "
             "reference solutions differed from the answer; check `retool sandbox check`"
         )
+    existed = output.exists()
     written = write_conversations(output, conversations)
     note = f", first: {', '.join(skipped[:5])}" if skipped else ""
     print(
         f"wrote {written} conversations to {output} from demo:{split} "
         f"({len(skipped)} skipped: sandbox output did not match the answer{note})"
+        + ("; replaced the existing file" if existed else "")
     )
     return 0
 

@@ -63,10 +63,21 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
     return str(run_dir)
 
 
+EVAL_KEYS = ("train.eval_dataset", "train.eval_n", "train.eval_limit")
+
+
 def run(args: argparse.Namespace) -> int:
+    from retool.cli.common import set_keys
     from retool.data import load_dataset
 
     config = load_command_config(args, "train")
+    if not config.train.eval_every:
+        idle = [key for key in set_keys(args) if key in EVAL_KEYS]
+        if idle:
+            raise ConfigError(
+                f"--set {idle[0]} has no effect while train.eval_every = 0 (no evaluation "
+                "during training); add --set train.eval_every=N"
+            )
     run_dir = preflight(args, config, evaluation=True)
     load_dataset(config.data.train)
     if config.reward.function:
