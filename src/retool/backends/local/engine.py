@@ -60,6 +60,7 @@ from retool.backends.local.kv import (
     make_cache_empty,
     merge_caches,
 )
+from retool.backends.local.threads import mark_compute_thread
 from retool.types import SampledSequence, SampleResponse, SamplingParams, StopReason
 
 _SEED_STRIDE = 1_000_003
@@ -141,6 +142,7 @@ class SamplingEngine:
         self.decoder = lean_decoder_for(model) if lean_decode else None
         self.steps = 0  # decode steps run
         self.tokens_generated = 0
+        self._torch_threads = torch.get_num_threads()  # the creator's setting, for the thread
         self._thread = threading.Thread(target=self._loop, name="retool-sampler", daemon=True)
         _LIVE_ENGINES.add(self)
         self._thread.start()
@@ -207,6 +209,9 @@ class SamplingEngine:
     # -- the loop -------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        mark_compute_thread()  # backend calls made from here (callbacks) run inline
+        if torch.get_num_threads() != self._torch_threads:
+            torch.set_num_threads(self._torch_threads)
         try:
             while not self._closed:
                 incoming: list[_Request | None] = []

@@ -9,6 +9,7 @@ import torch
 
 from retool.backends.local.engine import SamplingEngine
 from retool.backends.local.kv import PrefixStats
+from retool.backends.local.threads import run_in_worker
 from retool.types import Future, ModelInput, SampleResponse, SamplingParams
 
 
@@ -29,6 +30,7 @@ class LocalSamplingClient:
         prefix_cache_bytes: int = 1 << 30,
         name: str | None = None,
         on_close: Callable[[Any], None] | None = None,
+        lean_decode: bool = True,
     ) -> None:
         self.name = name
         self._on_close = on_close
@@ -38,6 +40,7 @@ class LocalSamplingClient:
             tokenizer,
             prefix_cache_bytes=prefix_cache_bytes,
             max_context_tokens=max_context_tokens,
+            lean_decode=lean_decode,
         )
 
     def sample(
@@ -64,7 +67,7 @@ class LocalSamplingClient:
             picked = logprobs.gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1).tolist()
             return [None, *picked]
 
-        return Future.run(run)
+        return Future.run(lambda: run_in_worker(run))
 
     @property
     def max_context_tokens(self) -> int:

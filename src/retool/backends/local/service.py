@@ -16,6 +16,7 @@ import torch
 from retool.backends.local.allocator import release_large_blocks_to_os
 from retool.backends.local.models import load_model, load_tokenizer
 from retool.backends.local.sampling import LocalSamplingClient
+from retool.backends.local.threads import run_in_worker
 from retool.backends.local.training import (
     DEFAULT_TARGET_MODULES,
     LocalTrainingClient,
@@ -57,7 +58,9 @@ class LocalServiceClient:
             release_large_blocks_to_os()  # see allocator.py: 3x lower peak RSS in training
 
     def _model(self, base_model: str, seed: int | None) -> Any:
-        return load_model(base_model, dtype=self.dtype, seed=seed or 0).to(self.device)
+        return run_in_worker(
+            lambda: load_model(base_model, dtype=self.dtype, seed=seed or 0).to(self.device)
+        )
 
     def create_lora_training_client(
         self,
@@ -88,7 +91,7 @@ class LocalServiceClient:
             bias="none",
             task_type="CAUSAL_LM",
         )
-        peft_model = get_peft_model(model, config)
+        peft_model = run_in_worker(lambda: get_peft_model(model, config))
         return LocalTrainingClient(
             peft_model,
             load_tokenizer(base_model),
@@ -169,12 +172,14 @@ class LocalServiceClient:
                 "save the weights again with save_weights_for_sampler"
             ) from None
         if merged:
-            model = load_model(str(root), dtype=self.dtype).to(self.device)
+            model = run_in_worker(lambda: load_model(str(root), dtype=self.dtype).to(self.device))
         else:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(self._model(base, None), str(root))
-            model = model.merge_and_unload()
+            base_model = self._model(base, None)
+            model = run_in_worker(
+                lambda: PeftModel.from_pretrained(base_model, str(root)).merge_and_unload()
+            )
         return LocalSamplingClient(
             model, load_tokenizer(base), max_context_tokens=self.max_context_tokens
         )

@@ -34,6 +34,7 @@ import torch
 from retool.backends.local.lora_fast import use_lean_lora_forward
 from retool.backends.local.losses import LOSS_NAMES, chunked_target_logprobs, compute_loss
 from retool.backends.local.sampling import LocalSamplingClient
+from retool.backends.local.threads import run_in_worker
 from retool.errors import BackendError
 from retool.types import (
     AdamParams,
@@ -225,7 +226,7 @@ class LocalTrainingClient:
             with self._lock:
                 return self._run(data, loss_fn, config, backward=backward)
 
-        return Future.run(run)
+        return Future.run(lambda: run_in_worker(run))
 
     def forward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float] | None = None
@@ -277,7 +278,7 @@ class LocalTrainingClient:
                     }
                 )
 
-        return Future.run(run)
+        return Future.run(lambda: run_in_worker(run))
 
     # -- checkpoints ----------------------------------------------------------
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -311,7 +312,7 @@ class LocalTrainingClient:
                     (tmp / "retool_state.json").write_text(json.dumps(meta, indent=2))
                 return SaveStateOutput(str(final))
 
-        return Future.run(run)
+        return Future.run(lambda: run_in_worker(run))
 
     def load_state(self, path: str) -> Future[None]:
         """Load the weights of a ``save_state`` checkpoint; the optimizer starts afresh.
@@ -319,11 +320,11 @@ class LocalTrainingClient:
         For starting a new phase from a checkpoint (RL from a cold-start SFT
         run). :meth:`load_state_with_optimizer` resumes an interrupted run.
         """
-        return Future.run(lambda: self._load(Path(path), with_optimizer=False))
+        return Future.run(lambda: run_in_worker(lambda: self._load(Path(path), False)))
 
     def load_state_with_optimizer(self, path: str) -> Future[None]:
         """Weights, optimizer moments, random generators and step counter."""
-        return Future.run(lambda: self._load(Path(path), with_optimizer=True))
+        return Future.run(lambda: run_in_worker(lambda: self._load(Path(path), True)))
 
     def _load(self, root: Path, with_optimizer: bool) -> None:
         from safetensors.torch import load_file
@@ -433,13 +434,13 @@ class LocalTrainingClient:
                 )
             return SaveStateOutput(str(final))
 
-        return Future.run(run)
+        return Future.run(lambda: run_in_worker(run))
 
     def save_weights_and_get_sampling_client(self, name: str | None = None) -> LocalSamplingClient:
         if name is not None:
             self.save_weights_for_sampler(name).result()
         return LocalSamplingClient(
-            self._sampler_model(),
+            run_in_worker(self._sampler_model),
             self.tokenizer,
             max_context_tokens=self.max_context_tokens,
             name=name,
