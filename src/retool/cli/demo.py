@@ -205,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
             )
         config_path = str(DEFAULT_CONFIG)
     config = load_config(config_path, args.overrides)
+    from retool.data.files import check_output_dir
+
+    check_output_dir(args.output, flag="--output")
     if args.quick:
         config = dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
     _check(config)
@@ -243,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the pipeline self-check failed (see above); nothing was trained")
     if args.check_only:
         return 0
-    root.mkdir(parents=True, exist_ok=False)
+    root.mkdir(parents=True)
     return _pipeline(args, config, root, clock)
 
 
