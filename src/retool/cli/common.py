@@ -243,13 +243,17 @@ def run_dir_rollback(path: str | os.PathLike[str]) -> Iterator[None]:
     without an adapter, an interrupt) would otherwise leave a run directory
     holding only ``config.toml``, which the next attempt would have to
     clean up. Only a directory that did not exist (or was empty) before and
-    still holds nothing but the empty skeleton is removed.
+    still holds nothing but the empty skeleton is removed, and never after the
+    training loop's own interrupt, which tells the user to ``--resume``.
     """
     path = Path(path)
     fresh = not path.exists() or (path.is_dir() and not any(path.iterdir()))
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
+        loop = sys.modules.get("retool.training.loop")
+        if loop is not None and isinstance(exc, loop.Interrupted):
+            raise  # the loop said "continue with --resume": keep what --resume needs
         if fresh and _only_skeleton(path):
             for name in _SKELETON:
                 entry = path / name
