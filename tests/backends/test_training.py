@@ -150,6 +150,56 @@ def test_snapshot_reuses_a_closed_clients_model_with_the_current_weights(service
         client.close()
 
 
+def test_shared_prefix_equals_the_plain_computation(service):
+    """Datums with a common prefix: the prefix computed once gives the same logprobs,
+    loss and gradients as every datum computed in full (recomputed layers included)."""
+    trainer = service.create_lora_training_client("tiny-random", rank=4, seed=0)
+    trainer.forward_backward(DATA, "ppo").result()  # non-zero LoRA B: the adapters matter
+    trainer.optim_step(ADAM).result()
+    prefix = list(range(300, 340))
+    data = [
+        _datum(prefix + list(range(500, 530)), 1.0),
+        _datum(prefix + list(range(600, 612)), -0.5),
+        _datum([*prefix, 7], 0.25, old=-11.0),  # the input is exactly the shared prefix
+        _datum(prefix + list(range(700, 745)), -1.0),
+    ]
+    # Different targets inside the prefix (not a shifted copy of the input): the prefix
+    # positions are then computed per datum.
+    odd = Datum(
+        data[1].model_input,
+        {**data[1].loss_fn_inputs, "target_tokens": TensorData.from_list([5] * 51, "int64")},
+    )
+
+    def run(batch, share):
+        trainer.share_prefix = share
+        for p in trainer._params:
+            p.grad = None
+        out = trainer.forward_backward(batch, "ppo").result()
+        return out, _grads(trainer)
+
+    for batch in (data, [data[0], odd, data[3]]):
+        plain, plain_grads = run(batch, False)
+        shared, shared_grads = run(batch, True)
+        for a, b in zip(plain.loss_fn_outputs, shared.loss_fn_outputs, strict=True):
+            np.testing.assert_allclose(
+                a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), atol=1e-5, rtol=0
+            )
+        assert plain.metrics["loss:sum"] == pytest.approx(shared.metrics["loss:sum"], rel=1e-5)
+        for a, b in zip(plain_grads, shared_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    trainer.share_prefix = True
+
+
+def test_shared_prefix_length():
+    from retool.backends.local.training import shared_prefix_length
+
+    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 9, 9], [1, 2, 3, 4, 5]])
+    assert shared_prefix_length(ids, [4, 5, 5]) == 3
+    assert shared_prefix_length(ids[[0, 2]], [4, 5]) == 4  # the shorter row's whole length
+    assert shared_prefix_length(ids[[2, 2]], [5, 5]) == 4  # identical rows: one token left
+    assert shared_prefix_length(ids[:1], [4]) == 0
+
+
 def test_save_and_restore_is_exact(service):
     original = service.create_lora_training_client("tiny-random", rank=4, seed=0)
     for _ in range(2):

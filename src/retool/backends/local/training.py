@@ -46,6 +46,7 @@ from retool.types import (
     TensorData,
 )
 
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward call
 DEFAULT_TARGET_MODULES = (
     "q_proj",
     "k_proj",
@@ -110,6 +111,7 @@ class LocalTrainingClient:
         gradient_checkpointing: bool = True,
         recompute_fraction: float = 0.1,
         logits_chunk_tokens: int = 1024,
+        share_prefix: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -118,6 +120,7 @@ class LocalTrainingClient:
         self.checkpoint_root = Path(checkpoint_root)
         self.max_context_tokens = max_context_tokens
         self.logits_chunk_tokens = logits_chunk_tokens  # rows x positions per logits chunk
+        self.share_prefix = share_prefix  # compute the datums' common prefix once per call
         self.device = next(model.parameters()).device
         self.steps = 0  # optimizer steps taken
         self._lock = threading.Lock()
@@ -136,14 +139,75 @@ class LocalTrainingClient:
     def _causal_lm(self) -> Any:
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
-    def _target_logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _target_logprobs(
+        self, input_ids: torch.Tensor, targets: torch.Tensor, lengths: Sequence[int]
+    ) -> torch.Tensor:
         lm = self._causal_lm()
+        head = lm.get_output_embeddings().weight
+        chunk = max(1, self.logits_chunk_tokens // input_ids.shape[0])
+        prefix = shared_prefix_length(input_ids, lengths) if self.share_prefix else 0
+        if prefix >= MIN_SHARED_PREFIX:
+            return self._shared_prefix_logprobs(lm, head, input_ids, targets, prefix, chunk)
         # No attention mask: padding is on the right, and causal attention never lets
         # a real token see a later pad (it also keeps SDPA on its fast causal path).
         hidden = lm.model(input_ids=input_ids, use_cache=False)
-        head = lm.get_output_embeddings().weight
-        chunk = max(1, self.logits_chunk_tokens // input_ids.shape[0])
         return chunked_target_logprobs(hidden.last_hidden_state, head, targets, chunk=chunk)
+
+    def _shared_prefix_logprobs(
+        self,
+        lm: Any,
+        head: torch.Tensor,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor,
+        prefix: int,
+        chunk: int,
+    ) -> torch.Tensor:
+        """Target logprobs with the datums' common first ``prefix`` tokens computed once.
+
+        The prefix runs as one row and keeps its keys/values (with their
+        gradient); every datum's remainder runs against them, expanded to the
+        batch, so the backward pass sums each datum's gradient into the one
+        prefix computation. The prefix positions' logprobs are computed once
+        too when the datums' targets there agree. Same values as the plain
+        path up to float rounding (tested). Layers marked for recomputation
+        run without it here: HF drops the KV cache of a recomputed layer.
+        """
+        from transformers.cache_utils import DynamicCache
+
+        rows, width = input_ids.shape
+        cache_kwarg = _cache_kwarg(lm.model)
+        with _without_recompute(lm):
+            prefix_cache = DynamicCache(config=lm.config)
+            # use_cache=False: the layers fill the cache given to them all the same, and
+            # HF's "incompatible with gradient checkpointing" override stays quiet.
+            first = lm.model(
+                input_ids=input_ids[:1, :prefix], use_cache=False, **{cache_kwarg: prefix_cache}
+            ).last_hidden_state
+            cache = DynamicCache(config=lm.config)
+            for index, layer in enumerate(prefix_cache.layers):
+                keys, values = (t.expand(rows, -1, -1, -1) for t in (layer.keys, layer.values))
+                cache.update(keys, values, index)
+            positions = torch.arange(prefix, width, device=input_ids.device).unsqueeze(0)
+            rest = lm.model(
+                input_ids=input_ids[:, prefix:],
+                position_ids=positions.expand(rows, -1),
+                use_cache=False,
+                **{cache_kwarg: cache},
+            ).last_hidden_state
+        head_targets = targets[:, : prefix - 1]
+        if torch.equal(head_targets, head_targets[:1].expand(rows, -1)):
+            shared = chunked_target_logprobs(
+                first[:, : prefix - 1], head, head_targets[:1], chunk=chunk * rows
+            ).expand(rows, -1)
+        else:
+            shared = chunked_target_logprobs(
+                first[:, : prefix - 1].expand(rows, -1, -1), head, head_targets, chunk=chunk
+            )
+        # Position prefix - 1 predicts each datum's first own token: its hidden state is
+        # the prefix's last one.
+        tail_hidden = torch.cat([first[:, prefix - 1 :].expand(rows, -1, -1), rest], dim=1)
+        tail = chunked_target_logprobs(tail_hidden, head, targets[:, prefix - 1 :], chunk=chunk)
+        return torch.cat([shared, tail], dim=1)
 
     def _batch(self, data: Sequence[Datum], loss_fn: str) -> tuple[torch.Tensor, ...]:
         if loss_fn not in LOSS_NAMES:
@@ -195,7 +259,8 @@ class LocalTrainingClient:
     ) -> ForwardBackwardOutput:
         input_ids, mask, targets = self._batch(data, loss_fn)
         with torch.set_grad_enabled(backward):
-            logprobs = self._target_logprobs(input_ids, targets)
+            lengths = [datum.model_input.length for datum in data]
+            logprobs = self._target_logprobs(input_ids, targets, lengths)
             flat = logprobs[mask.bool()]
             inputs = {
                 key: self._flat(data, key)
@@ -449,6 +514,46 @@ class LocalTrainingClient:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+
+def shared_prefix_length(input_ids: torch.Tensor, lengths: Sequence[int]) -> int:
+    """Tokens every row of ``input_ids`` starts with, leaving >= 1 token in the widest row.
+
+    0 for a single row (nothing to share).
+    """
+    rows, width = input_ids.shape
+    if rows < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    common = int(same.int().argmin()) if not bool(same.all()) else width
+    return max(0, min(common, min(lengths), width - 1))
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache``; accept both."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@contextlib.contextmanager
+def _without_recompute(model: Any) -> Iterator[None]:
+    """Turn off per-layer recomputation for one call (restored afterwards)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+    ]
+    for layer in layers:
+        layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.gradient_checkpointing = True
 
 
 def _mergeable_lora_layers(model: Any, trainable: Sequence[str]) -> list[tuple[str, Any]] | None:
