@@ -529,7 +529,7 @@ class DemoConfig:
     so the table it prints is measured on problems nothing was tuned on.
     """
 
-    sft_steps: int = 12  # cold-start SFT steps on demonstrations from data.train
+    sft_steps: int = 10  # cold-start SFT steps on demonstrations from data.train
     sft_batch: int = 16  # demonstrations per SFT step
     sft_learning_rate: float = 1e-3  # AdamW learning rate of the cold start
     rl_steps: int = 8  # RL steps from the SFT checkpoint (train.* holds their settings)
