@@ -10,7 +10,8 @@ datums, training, checkpoint), the rollout's counters, and, measured here by
 timing the sampling engine's methods, how much of the rollout the sampler was
 busy (prefill, decode steps) and how long the sandbox calls took. A rollout
 much longer than the sampler's busy time shows an idle sampler (waiting for
-tools or scoring). Prints whether each step is within the 40 s target.
+tools or scoring), and the per-step model call against the whole decode step shows
+the engine's own overhead. Prints whether each step is within the 40 s target.
 """
 
 from __future__ import annotations
@@ -26,36 +27,55 @@ TARGET_S = 40.0
 
 
 class EngineClock:
-    """Seconds the sampling engine spent in prefill (``_admit``) and decode (``_step``)."""
+    """Seconds the sampling engine spent in prefill (``_admit``), decode steps (``_step``)
+    and the model call inside them; rows and cache width summed over the decode steps."""
 
     def __init__(self) -> None:
         from retool.backends.local.engine import SamplingEngine
 
-        self.seconds = {"prefill": 0.0, "decode": 0.0}
-        self.steps = 0
+        try:
+            from retool.backends.local.decode import LeanDecoder
+        except ImportError:  # an older tree (A/B runs against a baseline checkout)
+            LeanDecoder = None
+
         self._lock = threading.Lock()
-        for method, key in (("_admit", "prefill"), ("_step", "decode")):
-            original = getattr(SamplingEngine, method)
-            setattr(SamplingEngine, method, self._timed(original, key))
+        self._reset()
+        clock = self
 
-    def _timed(self, original, key: str):
-        def timed(engine, *args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return original(engine, *args, **kwargs)
-            finally:
-                with self._lock:
-                    self.seconds[key] += time.perf_counter() - started
-                    self.steps += key == "decode"
+        def timed(original, key: str):
+            def run(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    with clock._lock:
+                        clock.seconds[key] += time.perf_counter() - started
 
-        return timed
+            return run
 
-    def take(self) -> tuple[dict[str, float], int]:
+        original_step = SamplingEngine._step
+
+        def step(engine):
+            with clock._lock:
+                clock.steps += 1
+                clock.rows += len(engine._rows)
+                clock.width += engine._valid.shape[1] if engine._valid is not None else 0
+            return original_step(engine)
+
+        SamplingEngine._step = timed(step, "decode")
+        SamplingEngine._admit = timed(SamplingEngine._admit, "prefill")
+        if LeanDecoder is not None:
+            LeanDecoder.step = timed(LeanDecoder.step, "model")
+
+    def _reset(self) -> None:
+        self.seconds = {"prefill": 0.0, "decode": 0.0, "model": 0.0}
+        self.steps = self.rows = self.width = 0
+
+    def take(self) -> dict[str, float]:
         with self._lock:
-            out, steps = dict(self.seconds), self.steps
-            self.seconds = dict.fromkeys(self.seconds, 0.0)
-            self.steps = 0
-        return out, steps
+            out = {**self.seconds, "steps": self.steps, "rows": self.rows, "width": self.width}
+            self._reset()
+        return out
 
 
 def tool_seconds(run_dir: Path, step: int) -> tuple[float, int]:
@@ -89,7 +109,7 @@ def main() -> None:
 
     config = load_config(args.config, [f"train.steps={args.steps}", *args.set])
     clock = EngineClock()
-    per_step: dict[int, tuple[dict[str, float], int]] = {}
+    per_step: dict[int, dict[str, float]] = {}
 
     # The engine clock is read when each step's metrics line is written (after the rollout).
     from retool.training import run_dir as run_dir_module
@@ -130,7 +150,11 @@ def main() -> None:
         "rollout_s",
         "sampler prefill_s",
         "sampler decode_s",
+        "of which model_s",
         "decode steps",
+        "ms/step",
+        "rows/step",
+        "cache width",
         "sampler idle_s",
         "tool calls",
         "tool wall_s (sum)",
@@ -143,16 +167,21 @@ def main() -> None:
     print("|" + " --- |" * len(header))
     for m in lines:
         step = int(m["step"])
-        engine, steps = per_step.get(step, ({"prefill": 0.0, "decode": 0.0}, 0))
-        busy = engine["prefill"] + engine["decode"]
+        engine = per_step.get(step, {})
+        steps = int(engine.get("steps", 0))
+        busy = engine.get("prefill", 0.0) + engine.get("decode", 0.0)
         rollout = m.get("time/rollout_s", 0.0)
         seconds, calls = tools[step]
         cells = [
             str(step),
             f"{rollout:.1f}",
-            f"{engine['prefill']:.1f}",
-            f"{engine['decode']:.1f}",
+            f"{engine.get('prefill', 0.0):.1f}",
+            f"{engine.get('decode', 0.0):.1f}",
+            f"{engine.get('model', 0.0):.1f}",
             str(steps),
+            f"{1e3 * engine.get('decode', 0.0) / max(steps, 1):.0f}",
+            f"{engine.get('rows', 0) / max(steps, 1):.1f}",
+            f"{engine.get('width', 0) / max(steps, 1):.0f}",
             f"{max(rollout - busy, 0.0):.1f}",
             str(calls),
             f"{seconds:.1f}",
@@ -162,6 +191,7 @@ def main() -> None:
             f"{m.get('reward/mean', 0.0):+.2f}",
         ]
         print("| " + " | ".join(cells) + " |")
+    print(f"load average at the end: {Path('/proc/loadavg').read_text().split()[:3]}")
     worst = max(m["time/step_s"] for m in lines)
     verdict = "yes" if worst <= TARGET_S else "no"
     print(f"RL STEP  slowest {worst:.1f}s | target <= {TARGET_S:.0f}s per step: {verdict}")
