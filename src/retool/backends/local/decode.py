@@ -17,7 +17,11 @@ of 300 tokens: 114 ms through HF against 64 ms here, see
   against ``[rows, kv_heads, length, dim]``): keys and values are read once, never
   repeated per query head, and the padding is an additive ``-inf`` bias built
   once per step. SDPA's CPU kernel takes 1.5-2x longer for this shape.
-* No mask construction, cache bookkeeping or keyword plumbing per layer.
+* Fewer, fused small operations: one ``F.rms_norm`` per norm, the rotary
+  embedding as ``addcmul(x * cos, roll(x), signed_sin)``, the attention scores
+  as one ``baddbmm`` (scale and padding bias included); no mask construction,
+  cache bookkeeping or keyword plumbing per layer. At 4 rows a step is ~1,000
+  small operations, so this matters (1.08-1.13x over the plain version).
 
 The arithmetic is the model's own (the same RMSNorm in float32, rotary
 embedding from the model's ``rotary_emb`` module so any RoPE scaling applies,
@@ -39,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 
 def _project(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +54,9 @@ def _project(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """``LlamaRMSNorm``: the same operations in the same order."""
+    """``LlamaRMSNorm`` (float32 statistics) as one fused call."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
     dtype = x.dtype
     hidden = x.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
@@ -57,10 +64,11 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return norm.weight * hidden.to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` with ``signed_sin = [-sin[:h], sin[h:]]``:
+    ``rotate_half(x) = [-x[h:], x[:h]]``, so its product with ``sin`` equals
+    ``roll(x, h) * signed_sin``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class LeanDecoder:
@@ -88,21 +96,33 @@ class LeanDecoder:
         rows = ids.shape[0]
         x = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(x, positions.unsqueeze(0))
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [rows, 1, dim]
+        cos = cos[0].unsqueeze(1)  # [rows, 1, dim]
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1).unsqueeze(1)
+        # The padding bias, one [group, length] block per (row, kv head) for baddbmm.
+        length = mask.shape[1]
         bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
-        bias = bias.masked_fill_(~mask, float("-inf")).view(rows, 1, 1, -1)
+        bias = bias.masked_fill_(~mask, float("-inf"))
+        bias = bias.view(rows, 1, 1, length).expand(rows, self.kv_heads, self.group, length)
+        bias = bias.reshape(rows * self.kv_heads, self.group, length)
         for layer, cache in zip(inner.layers, layers, strict=True):
             attention = layer.self_attn
             h = _rms_norm(layer.input_layernorm, x)
-            q = _rotate(_project(attention.q_proj, h).reshape(rows, self.heads, -1), cos, sin)
-            k = _rotate(_project(attention.k_proj, h).reshape(rows, self.kv_heads, -1), cos, sin)
+            q = _project(attention.q_proj, h).reshape(rows, self.heads, -1)
+            k = _project(attention.k_proj, h).reshape(rows, self.kv_heads, -1)
             v = _project(attention.v_proj, h).reshape(rows, self.kv_heads, -1)
+            q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
             keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2))
-            q = q.view(rows, self.kv_heads, self.group, self.head_dim)
-            scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(attention.scaling).add_(bias)
+            batch = rows * self.kv_heads  # (row, kv head) pairs, each with its query group
+            scores = torch.baddbmm(
+                bias,
+                q.reshape(batch, self.group, self.head_dim),
+                keys.reshape(batch, length, self.head_dim).transpose(1, 2),
+                alpha=attention.scaling,
+            )
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-            out = torch.matmul(probs, values).reshape(rows, self.heads * self.head_dim)
-            x = x + _project(attention.o_proj, out)
+            out = torch.bmm(probs, values.reshape(batch, length, self.head_dim))
+            x = x + _project(attention.o_proj, out.view(rows, self.heads * self.head_dim))
             h = _rms_norm(layer.post_attention_layernorm, x)
             mlp = layer.mlp
             x = x + _project(
