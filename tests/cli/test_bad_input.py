@@ -271,6 +271,7 @@ CASES = [
     case("train-tracker-bad", "train --tracker mlflow", "--tracker", "invalid choice"),
     case("sft-no-data", "sft", "--data", "required", "make-demos"),
     case("sft-data-missing", "sft --data nope.jsonl", "nope.jsonl", "no such file"),
+    case("sft-data-stdin", "sft --data /dev/stdin", "/dev/stdin", "regular file"),
     case("sft-data-dir", "sft --data d", "--data d", "directory", d=DIR),
     case("sft-data-latin1", "sft --data l.jsonl --run-dir r", "l.jsonl:1", "UTF-8",
          **{"l.jsonl": LATIN1}),

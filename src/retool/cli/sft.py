@@ -192,6 +192,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--data {data}: is a directory, expected a .jsonl file")
     if not data.exists():
         raise ConfigError(f"--data {data}: no such file")
+    if not data.is_file():  # /dev/stdin on a terminal would wait silently
+        raise ConfigError(f"--data {data}: not a regular file; give a .jsonl file")
     config = load_command_config(args, "sft", unused=UNUSED)
     run_dir = preflight(args, config, evaluation=False)
     load_conversations(data)  # every line checked before a model loads
