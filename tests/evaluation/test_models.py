@@ -87,3 +87,10 @@ def test_paths_that_are_not_models(tmp_path):
         resolve_model_spec(str(tmp_path))
     with pytest.raises(ConfigError, match=r"no such file or directory, and not an alias"):
         resolve_model_spec("gpt-17")
+
+
+def test_a_service_model_name_is_accepted_only_with_a_remote_backend():
+    spec = resolve_model_spec("Qwen/Qwen3.5-4B", backend="pytrio")
+    assert (spec.kind, spec.path) == ("service", "Qwen/Qwen3.5-4B")
+    with pytest.raises(ConfigError, match="not an alias"):
+        resolve_model_spec("Qwen/Qwen3.5-4B")

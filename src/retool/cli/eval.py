@@ -240,9 +240,10 @@ def run(args: argparse.Namespace) -> int:
     output = check_output_file(args.output, flag="--output")
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
     examples = load_eval_examples(args.dataset, fields, args.limit)
-    model = resolve_model_spec(args.model)
+    model = resolve_model_spec(args.model, backend=config.model.backend)
+    named = model.kind in ("alias", "service")
     settings: dict[str, Any] = {
-        "model": model.path if model.kind == "alias" else str(Path(model.path).resolve()),
+        "model": model.path if named else str(Path(model.path).resolve()),
         "model_kind": model.kind,
         "checkpoint_step": model.step,
         "backend": config.model.backend,

@@ -111,11 +111,9 @@ UNUSED = {
 
 def _model_path(spec: str, config, flag: str) -> str:
     """What the backend opens for ``--model`` (checked before anything loads)."""
-    if config.model.backend != "local":
-        return spec
     from retool.evaluation.models import resolve_model_spec
 
-    return resolve_model_spec(spec, flag=flag).path
+    return resolve_model_spec(spec, flag=flag, backend=config.model.backend).path
 
 
 def run(args: argparse.Namespace) -> int:

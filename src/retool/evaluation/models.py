@@ -7,7 +7,10 @@ Resolution order (first match wins), all checked before any weights load:
    * saved sampler weights (``retool_sampler.json``: a PEFT adapter or merged weights);
    * an HF model directory (``config.json``), a ``.gguf`` file or a directory holding one;
 2. ``RUN_DIR@STEP``: the checkpoint of that step in the run directory;
-3. a model alias (``smollm2-135m-instruct``, ``tiny-random``).
+3. a model alias (``smollm2-135m-instruct``, ``tiny-random``);
+4. with a remote backend (``backend`` is ``pytrio`` or ``tinker``), any other
+   name is the service's model name (``Qwen/Qwen3.5-4B``): the service
+   checks it when the sampling client is created.
 
 Anything else is one :class:`~retool.errors.ConfigError` that says what a
 model can be. A manifest's ``sampler_path`` is written relative to the
@@ -31,7 +34,7 @@ class ModelSpec:
     """A resolved ``--model``."""
 
     spec: str  # what the user wrote
-    kind: str  # alias | hf | sampler | run
+    kind: str  # alias | hf | sampler | run | service
     path: str  # what the backend opens: an alias, a model directory or sampler weights
     step: int | None = None  # the checkpoint's training step (kind == "run")
 
@@ -74,11 +77,11 @@ def _from_run(spec: str, run: Path, step: int | None, flag: str = "--model") -> 
     )
 
 
-def resolve_model_spec(spec: str, flag: str = "--model") -> ModelSpec:
+def resolve_model_spec(spec: str, flag: str = "--model", backend: str = "local") -> ModelSpec:
     """Resolve ``--model`` (see the module docstring); raises :class:`ConfigError`.
 
     ``flag`` is how errors name the setting (``model.base_model`` when it came
-    from the config).
+    from the config); ``backend`` is ``model.backend``.
     """
     if not isinstance(spec, str):
         raise ConfigError(f"{flag} must be a string, got {spec!r}")
@@ -118,6 +121,8 @@ def resolve_model_spec(spec: str, flag: str = "--model") -> ModelSpec:
         return _from_run(spec, run, step, flag)
     if spec in ALIASES:
         return ModelSpec(spec, "alias", spec)
+    if backend != "local":
+        return ModelSpec(spec, "service", spec)
     raise ConfigError(
         f"{flag} {spec}: no such file or directory, and not an alias ({', '.join(ALIASES)})"
     )
