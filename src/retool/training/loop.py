@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.config import RunConfig
-from retool.errors import RetoolError
+from retool.errors import ConfigError, RetoolError
 from retool.training.cost import SpendLedger, StepTokens, step_tokens
 from retool.training.faults import crash_point
 from retool.training.run_dir import RunDirectory
@@ -337,10 +337,19 @@ class Session:
             from retool.tracking import make_tracker
 
             self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
-        service = service_client(config.model, checkpoint_root=self.run.checkpoint_root)
+        service = self.service = service_client(
+            config.model, checkpoint_root=self.run.checkpoint_root
+        )
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
+        limit = getattr(self.trainer, "max_context_tokens", None)
+        if isinstance(limit, int) and 0 < limit < cfg.max_train_tokens:
+            raise ConfigError(
+                f"train.max_train_tokens ({cfg.max_train_tokens}) is more than the trainer "
+                f"accepts ({limit} tokens for {config.model.base_model} on "
+                f"{config.model.backend}); lower it (and rollout.max_trajectory_tokens)"
+            )
         # After open_trainer's rewind: the totals are those of the steps the run keeps.
         self.spend = SpendLedger.from_metrics(config.cost, self.run.metrics())
         self.budget_stop: str | None = None  # the line printed when the budget stopped the run
@@ -390,6 +399,9 @@ class Session:
             self.display.close()
             if self.sink is not None:
                 self.sink.close()
+            close = getattr(self.service, "close", None)
+            if callable(close):  # a remote session ends now, not at process exit
+                close()
 
     def pack(self, datums: list[Any]) -> list[list[Any]]:
         from retool.training.packing import pack_micro_batches
