@@ -20,11 +20,18 @@ top-k/top-p only for the rows that ask) and draws by inverse CDF: each row
 takes ONE uniform from its own generator per token and the token is found by a
 search over its cumulative probabilities. So a row's tokens depend only on its
 seed, its index among the request's samples and its logits, never on which
-other rows share the batch.
+other rows share the batch. (The logits themselves can differ in the last bits
+with the batch's shape, in HF's forward as in the lean step: matrix kernels
+block differently for different row counts and paddings. A draw that lands
+within ~1e-7 of a CDF boundary can then flip, so sampled tokens are
+reproducible for the same requests in the same batch, not bitwise across
+batch compositions; the logprobs always match ``forward`` within 1e-4.)
 
 For Llama models the decode step runs :class:`~retool.backends.local.decode.LeanDecoder`
-(1.2-1.8x faster than HF's forward for this shape on CPU; see ``decode.py``);
-other models use HF's forward. Prefill always uses HF's forward.
+(1.2-1.9x faster than HF's forward for this shape on CPU; see ``decode.py``);
+other models use HF's forward. Prefill always uses HF's forward. The engine
+thread is the only one holding an OpenMP pool while it decodes: the backend's
+other calls run in short-lived workers (``threads.py``).
 
 Stopping: ``close()`` sets a flag and wakes the thread, which fails every
 request in flight or queued ("the sampling engine was closed") and exits at

@@ -3,9 +3,17 @@
 One call of ``forward_backward`` right-pads its datums into one batch, runs the
 decoder once, and computes the target-token logprobs chunk by chunk from the
 final hidden states (``chunked_target_logprobs``), so the float32 logits of the
-whole batch never exist at once. Gradients accumulate across calls until
+whole batch never exist at once. When the datums share a first stretch of
+tokens (RL trajectories all start with the same system prompt), that prefix
+runs once and every datum's remainder attends to its keys/values
+(``_shared_prefix_logprobs``). Gradients accumulate across calls until
 ``optim_step``, which applies AdamW with optional global-norm clipping and
 clears them: many micro-batches, one update.
+
+Sampling clients come from ``save_weights_and_get_sampling_client``: the
+first one copies the model with LoRA merged in; later ones reuse a closed
+client's model and only rewrite the adapted projections (``_sampler_model``).
+Every call runs in a short-lived worker thread (``threads.py``).
 
 Checkpoints (``save_state``) hold the trainable weights, the optimizer state
 and every RNG state, written to a temporary directory and renamed into place,
