@@ -27,8 +27,8 @@ def _sets(values):
 def test_demo_runs_base_sft_rl_evaluations_and_report(tmp_path, capsys):
     argv = ["demo", "--config", "configs/demo.toml", *_sets(TINY)]
     code = main([*argv, "--output", str(tmp_path), "--no-progress"])
-    out = capsys.readouterr().out
-    assert code == 0, out
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
     assert "self-check: 7/7 reference trajectories scored +1" in out
     (root,) = tmp_path.iterdir()
     for label in ("base", "sft", "rl"):
@@ -76,8 +76,8 @@ def test_settings_the_demo_cannot_honour_are_refused_before_anything_runs(
 @pytest.mark.slow
 def test_quick_demo_on_smollm2(tmp_path, capsys):
     code = main(["demo", "--quick", "--output", str(tmp_path), "--no-progress"])
-    out = capsys.readouterr().out
-    assert code == 0, out
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
     table = out[out.index("held-out results") :]
     assert [line.split()[0] for line in table.splitlines()[3:6]] == ["base", "SFT", "RL"]
     (root,) = tmp_path.iterdir()

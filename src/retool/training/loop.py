@@ -94,7 +94,11 @@ def _quiet_leftover_interrupts() -> None:
 
 
 class InterruptGuard:
-    """Turns SIGINT/SIGTERM into :class:`Interrupted`, deferred inside ``critical()``."""
+    """Turns SIGINT/SIGTERM/SIGHUP into :class:`Interrupted`, deferred inside ``critical()``.
+
+    SIGHUP (the terminal closed) is one more way to be asked to stop: without
+    it here, the CLI's own handler would raise in the middle of a checkpoint.
+    """
 
     def __init__(self) -> None:
         self.pending: int | None = None
@@ -112,7 +116,7 @@ class InterruptGuard:
     @contextlib.contextmanager
     def installed(self) -> Iterator[InterruptGuard]:
         if threading.current_thread() is threading.main_thread():  # signals only work there
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._previous[signum] = signal.signal(signum, self._handle)
         _quiet_leftover_interrupts()
         try:
