@@ -73,13 +73,28 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise Stopped(signum)
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+# Ctrl-C gets a handler of our own, doing what Python's default does, because
+# asyncio.run replaces only the *default* one, with a handler that cancels the
+# main task and raises on the second Ctrl-C; a rollout still unwinding its
+# tasks then keeps sampling after the first (seen: still running 60 s later).
+_HANDLERS = {
+    signal.SIGINT: _raise_interrupt,
+    signal.SIGTERM: _raise_stopped,
+    signal.SIGHUP: _raise_stopped,
+}
+
+
 @contextlib.contextmanager
 def _signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP unwind the command like Ctrl-C does (``finally`` blocks run)."""
+    """Ctrl-C, SIGTERM and SIGHUP unwind the command at once (``finally`` blocks run)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, _raise_stopped)
+        for signum, handler in _HANDLERS.items():
+            previous[signum] = signal.signal(signum, handler)
     try:
         yield
     finally:
