@@ -17,7 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "cannot run here, with the reasons.",
     )
     add_config_options(parser)
-    parser.add_argument("--run-dir", help="the run directory to check free disk for")
+    parser.add_argument(
+        "--run-dir", help="the run directory to check free disk for (default: train.run_dir)"
+    )
     parser.add_argument(
         "--no-sandbox", action="store_true", help="skip starting the sandbox to read its isolation"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from retool.cli.common import add_config_options
+from retool.cli.common import add_config_options, add_number
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,19 +22,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "step and per run. Ends with a verdict: GO (exit 0), NO-GO or SFT recommended (exit 1).",
     )
     add_config_options(parser)
-    parser.add_argument("--questions", type=int, default=4, help="questions (default 4)")
-    parser.add_argument(
+    add_number(parser, "--questions", low=1, high=4096, default=4, help="questions rolled out")
+    add_number(
+        parser,
         "--group-size",
-        type=int,
-        default=None,
-        help="trajectories per question "
-        "(default rollout.group_size); the projection still uses the config's",
+        low=1,
+        high=1024,
+        help="trajectories per question (default: rollout.group_size); the projection "
+        "still uses the config's",
     )
     parser.add_argument(
         "--init-from",
         metavar="CHECKPOINT",
         help="sample with these weights, as `retool train --init-from` would start: "
-        "a checkpoint state directory or a run directory",
+        "a checkpoint state directory or a run directory (default: model.base_model)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)

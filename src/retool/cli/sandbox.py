@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from retool.cli.common import add_number
 from retool.config import check_number
 from retool.errors import ConfigError
 from retool.protocol.sanitize import escape_control
@@ -64,22 +65,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="-",
         help="a Python file, or - to read the code from stdin (default: -)",
     )
-    run.add_argument(
+    add_number(
+        run,
         "--timeout",
-        type=float,
+        low=0,
+        high=MAX_TIMEOUT_S,
+        low_open=True,
+        integer=False,
         default=10.0,
         metavar="SECONDS",
         help="wall-clock limit of the snippet; at the limit it and every process it started "
-        f"are killed; (0, {MAX_TIMEOUT_S:g}] (default: 10)",
+        "are killed",
     )
-    run.add_argument(
+    add_number(
+        run,
         "--memory-mb",
-        type=int,
+        low=MEMORY_MB_RANGE[0],
+        high=MEMORY_MB_RANGE[1],
         default=1024,
         metavar="MIB",
         help="memory the snippet may allocate on top of the preloaded interpreter (about "
         "140 MiB of address space with numpy and sympy): headroom, not a cap on the "
-        f"process's total; [{MEMORY_MB_RANGE[0]}, {MEMORY_MB_RANGE[1]}] (default: 1024)",
+        "process's total",
     )
     run.add_argument(
         "--isolation", default="auto", choices=["auto", "strict", "none"], help=_ISOLATION_HELP
@@ -107,18 +114,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "machine's isolation level and at the basic level (isolation='none', for comparison), "
         "then the cost of each isolation layer. Prints each row as it is measured.",
     )
-    bench.add_argument(
-        "--n",
-        type=int,
-        default=30,
-        help=f"calls timed per measurement; [1, {_MAX_BENCH_N}] (default: 30)",
+    add_number(
+        bench, "--n", low=1, high=_MAX_BENCH_N, default=30, help="calls timed per measurement"
     )
-    bench.add_argument(
+    add_number(
+        bench,
         "--workers",
-        type=int,
+        low=1,
+        high=_MAX_BENCH_WORKERS,
         default=2,
-        help="parallel calls in the throughput measurement, and workers of each sandbox; "
-        f"[1, {_MAX_BENCH_WORKERS}] (default: 2)",
+        help="parallel calls in the throughput measurement, and workers of each sandbox",
     )
     bench.set_defaults(handler=_bench)
 
