@@ -46,7 +46,6 @@ from retool.backends.remote import (
     RemoteServiceClient,
     RemoteTrainingClient,
     our_tensor,
-    sequence,
     split_stops,
     translate,
 )
@@ -153,14 +152,6 @@ class PytrioSamplingClient(RemoteSamplingClient):
         # The SDK's own coroutine: `sample()` blocks its caller while the request is
         # queued (pytrio/client/sampling.py: SamplingClient.sample -> run_sync).
         return self._sample_async(prompt, num_samples, sampling_params)
-
-    def _response(self, response: Any, params: SamplingParams) -> SampleResponse:
-        return SampleResponse(
-            tuple(
-                sequence(s.tokens, s.logprobs, s.text, s.stop_reason, params.max_tokens, BACKEND)
-                for s in response.sequences
-            )
-        )
 
 
 class PytrioTrainingClient(RemoteTrainingClient):

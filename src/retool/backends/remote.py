@@ -576,8 +576,25 @@ class RemoteSamplingClient(abc.ABC):
     @abc.abstractmethod
     def _sdk_sample(self, prompt: ModelInput, num_samples: int, params: Any) -> Any: ...
 
-    @abc.abstractmethod
-    def _response(self, response: Any, params: SamplingParams) -> SampleResponse: ...
+    def _response(self, response: Any, params: SamplingParams) -> SampleResponse:
+        """The SDK's response as ours: sequences in order, text from :meth:`_text`."""
+        return SampleResponse(
+            tuple(
+                sequence(
+                    s.tokens,
+                    s.logprobs,
+                    self._text(s),
+                    s.stop_reason,
+                    params.max_tokens,
+                    self.backend,
+                )
+                for s in response.sequences
+            )
+        )
+
+    def _text(self, sdk_sequence: Any) -> str | None:
+        """A sequence's text as the SDK gives it (``None`` when it has none)."""
+        return getattr(sdk_sequence, "text", None)
 
 
 class RemoteTrainingClient(abc.ABC):

@@ -46,7 +46,6 @@ from retool.backends.remote import (
     RemoteTrainingClient,
     call,
     our_tensor,
-    sequence,
     split_stops,
 )
 from retool.errors import BackendError, ConfigError, require
@@ -141,21 +140,9 @@ class TinkerSamplingClient(RemoteSamplingClient):
             prompt=self._sdk_prompt(prompt), num_samples=num_samples, sampling_params=params
         )
 
-    def _response(self, response: Any, params: SamplingParams) -> SampleResponse:
-        tokenizer = self.get_tokenizer()
-        return SampleResponse(
-            tuple(
-                sequence(
-                    s.tokens,
-                    s.logprobs,
-                    tokenizer.decode(list(s.tokens), skip_special_tokens=True),
-                    s.stop_reason,
-                    params.max_tokens,
-                    BACKEND,
-                )
-                for s in response.sequences
-            )
-        )
+    def _text(self, sdk_sequence: Any) -> str:
+        # Tinker's sequences carry no text: decode the tokens, as the rollout would.
+        return self.get_tokenizer().decode(list(sdk_sequence.tokens), skip_special_tokens=True)
 
 
 class TinkerTrainingClient(RemoteTrainingClient):
