@@ -10,6 +10,11 @@ that hit a stop token, a stop string or ``max_tokens``. A request's future
 resolves when its last row finishes; finished rows leave their KV in the
 prefix cache for the continuation that usually follows.
 
+Batch bookkeeping copies the KV cache (see ``kv.py``), so it is batched too:
+every request that arrived since the last step is prefilled and then joins
+in one copy, and a finished row stays in the batch, computed and ignored,
+until finished rows are half the batch or a join copies the batch anyway.
+
 Logprobs are the policy's own: ``log_softmax`` of the raw logits at
 temperature 1, with no top-p/top-k filtering, in float32. Temperature, top-k
 and top-p shape only which token is drawn. So ``forward`` on the same tokens
@@ -65,7 +70,7 @@ from retool.backends.local.kv import (
     cache_kv,
     make_cache,
     make_cache_empty,
-    merge_caches,
+    rebuild_batch,
 )
 from retool.backends.local.threads import mark_compute_thread
 from retool.types import SampledSequence, SampleResponse, SamplingParams, StopReason
@@ -244,6 +249,7 @@ class SamplingEngine:
 
     def _iterate(self, incoming: list[_Request | None]) -> bool:
         """Admit new requests, run one decode step; False once closed."""
+        joining: list[tuple[list[_Row], KV]] = []
         while True:
             try:
                 incoming.append(self._queue.get_nowait())
@@ -257,10 +263,21 @@ class SamplingEngine:
                         pending.future.set_exception(error)
                 return False
             try:
-                self._admit(request)
+                group = self._admit(request)
             except Exception as exc:
                 if not request.future.done():
                     request.future.set_exception(exc)
+            else:
+                if group is not None:
+                    joining.append(group)
+        if joining:
+            try:
+                self._rebuild(joining)
+            except Exception as exc:
+                self._fail_all(exc)
+                for rows, _ in joining:
+                    if not rows[0].request.future.done():
+                        rows[0].request.future.set_exception(exc)
         if self._closed:
             return False
         if self._rows:
@@ -297,7 +314,8 @@ class SamplingEngine:
         )
         return out.logits[0, -1].float(), cache_kv(cache)
 
-    def _admit(self, request: _Request) -> None:
+    def _admit(self, request: _Request) -> tuple[list[_Row], KV] | None:
+        """Prefill ``request`` and draw its first tokens; the rows still running, with their KV."""
         prompt = request.prompt
         reused, prefix_kv = self.prefix_cache.longest_prefix(prompt, limit=len(prompt) - 1)
         logits, kv = self._forward(prompt[reused:], prefix_kv, reused)
@@ -337,47 +355,20 @@ class SamplingEngine:
                 new_rows.append(row)
             else:
                 self._finish(row, kv)
-        if new_rows:
-            self._join(new_rows, kv)
+        return (new_rows, kv) if new_rows else None
 
     # -- batch bookkeeping ----------------------------------------------------
-    def _join(self, rows: list[_Row], kv: KV) -> None:
-        """Add rows that share the prompt KV ``kv`` (length n) to the batch."""
-        n = kv[0][0].shape[2]
-        if self._cache is None:
-            self._cache = make_cache(
-                [(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in kv],
-                extra=_SPARE,
-            )
-            self._valid = torch.ones(len(rows), n, dtype=torch.bool, device=self.device)
-        else:
-            assert self._valid is not None
-            length = self._valid.shape[1]
-            width = max(length, n)
-            self._cache = merge_caches(self._cache, length, kv, len(rows), width, _SPARE)
-            valid = torch.zeros(
-                self._valid.shape[0] + len(rows), width, dtype=torch.bool, device=self.device
-            )
-            valid[: self._valid.shape[0], width - length :] = self._valid
-            valid[self._valid.shape[0] :, width - n :] = True
-            self._valid = valid
-        self._rows.extend(rows)
-        self._positions.extend([n] * len(rows))
-
-    def _retire(self, keep: list[int]) -> None:
-        """Keep only rows ``keep``; drop cache columns no remaining row uses."""
-        assert self._cache is not None and self._valid is not None
+    def _rebuild(self, joining: Sequence[tuple[list[_Row], KV]] = ()) -> None:
+        """Drop the finished rows and append ``joining`` (rows sharing a prompt KV), in one copy."""
+        keep = [i for i, row in enumerate(self._rows) if row.finished is None]
+        self._cache, self._valid = rebuild_batch(
+            self._cache, self._valid, keep, [(kv, len(rows)) for rows, kv in joining], _SPARE
+        )
         self._rows = [self._rows[i] for i in keep]
         self._positions = [self._positions[i] for i in keep]
-        if not keep:
-            self._cache, self._valid = None, None
-            return
-        index = torch.tensor(keep, device=self.device)
-        valid = self._valid.index_select(0, index)
-        first = int(valid.any(0).int().argmax())
-        self._valid = valid[:, first:].contiguous()
-        for layer in self._cache.layers:
-            layer.keep_rows(index, first)
+        for rows, kv in joining:
+            self._rows.extend(rows)
+            self._positions.extend([kv[0][0].shape[2]] * len(rows))
 
     def _row_kv(self, i: int) -> KV:
         """Row ``i``'s KV without its padding: fresh contiguous tensors."""
@@ -412,15 +403,18 @@ class SamplingEngine:
         self._valid = mask
         self._positions = [p + 1 for p in self._positions]
         self.steps += 1
-        self._advance(rows, logits)
-        keep = []
-        for i, row in enumerate(rows):
-            if row.finished is None:
-                keep.append(i)
-            else:
-                self._finish(row, self._row_kv(i), owned=True)
-        if len(keep) != len(rows):
-            self._retire(keep)
+        live = [i for i, row in enumerate(rows) if row.finished is None]
+        if len(live) != len(rows):
+            logits = logits.index_select(0, torch.tensor(live, device=logits.device))
+        self._advance([rows[i] for i in live], logits)
+        for i in live:
+            if rows[i].finished is not None:
+                self._finish(rows[i], self._row_kv(i), owned=True)
+        finished = sum(row.finished is not None for row in rows)
+        if finished == len(rows):
+            self._rows, self._cache, self._valid, self._positions = [], None, None, []
+        elif 2 * finished >= len(rows):
+            self._rebuild()
 
     # -- sampling -------------------------------------------------------------
     def _advance(self, rows: list[_Row], logits: torch.Tensor) -> None:
