@@ -64,7 +64,20 @@ def test_bootstrap_ci_contains_the_mean_and_is_seeded():
     assert high - low == pytest.approx(2 * half, rel=0.25)
     assert bootstrap_ci([]) == (0.0, 0.0)
     assert bootstrap_ci([0.5]) == (0.5, 0.5)
-    assert bootstrap_ci([1.0] * 10) == (1.0, 1.0)
+
+
+def test_bootstrap_ci_at_the_boundary_is_the_exact_interval():
+    """0 of 40 problems is not proof of a zero rate: the interval is Clopper-Pearson's."""
+    low, high = bootstrap_ci([0.0] * 40)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** (1 / 40))  # 8.8%
+    assert 0.08 < high < 0.095
+    low, high = bootstrap_ci([1.0] * 10)
+    assert high == 1.0 and low == pytest.approx(0.025**0.1)  # 69%
+    # One problem off the boundary: the bootstrap again, its interval no longer degenerate.
+    low, high = bootstrap_ci([0.0] * 39 + [0.25])
+    assert low == 0.0 and 0.0 < high < 0.1
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        bootstrap_ci([0.5, 2.0])
 
 
 def _brute_sign_flip(d: list[float]) -> float:

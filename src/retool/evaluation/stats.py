@@ -79,20 +79,46 @@ def bootstrap_ci(
     seed: int = BOOTSTRAP_SEED,
     level: float = CI_LEVEL,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of per-problem ``values``.
+    """Percentile bootstrap interval of the mean of per-problem ``values`` in ``[0, 1]``.
 
     Resamples the problems with replacement (see the module docstring). An
     empty input gives ``(0.0, 0.0)``; one problem gives a zero-width interval.
+
+    Every problem at 0 (or every one at 1) is the case the percentile bootstrap
+    gets wrong: each resample is the same, so it reports ``[0, 0]``, as if 0 of
+    40 problems proved the rate is exactly zero. There the interval is the exact
+    (Clopper-Pearson) one for ``m`` problems all failed, ``[0, 1 - (a/2)^(1/m)]``
+    (all solved: ``[(a/2)^(1/m), 1]``), with ``a = 1 - level``: a value in
+    ``[0, 1]`` whose mean is ``p`` varies at most as much as a coin with ``p``,
+    so the bound holds for fractions of samples as well as for 0/1 outcomes.
     """
+    data = _checked(values, resamples, level)
+    if data.size and (data.min() < 0.0 or data.max() > 1.0):
+        raise ValueError("bootstrap_ci values must be per-problem fractions in [0, 1]")
+    if data.size > 1 and (data.max() == 0.0 or data.min() == 1.0):
+        bound = float(((1.0 - level) / 2.0) ** (1.0 / data.size))
+        return (0.0, 1.0 - bound) if data.max() == 0.0 else (bound, 1.0)
+    return _percentile_bootstrap(data, resamples, seed, level)
+
+
+def _checked(values: Sequence[float], resamples: int, level: float) -> np.ndarray:
     from retool.config import check_number
 
-    check_number("bootstrap_ci resamples", resamples, 1, 10**7, integer=True)
-    check_number("bootstrap_ci level", level, 0, 1, low_open=True)
+    check_number("bootstrap resamples", resamples, 1, 10**7, integer=True)
+    check_number("bootstrap level", level, 0, 1, low_open=True)
     data = np.asarray(values, dtype=float)
+    if not np.isfinite(data).all():
+        raise ValueError("bootstrap values must be finite numbers (a nan or inf is a bug)")
+    return data
+
+
+def _percentile_bootstrap(
+    data: np.ndarray, resamples: int, seed: int, level: float
+) -> tuple[float, float]:
+    """The percentile bootstrap interval of ``data.mean()``, resampling its entries."""
     if data.size == 0:
         return 0.0, 0.0
-    if not np.isfinite(data).all():
-        raise ValueError("bootstrap_ci values must be finite numbers (a nan or inf is a bug)")
+    tail = (1.0 - level) / 2.0
     rng = np.random.default_rng(seed)
     means = np.empty(resamples)
     chunk = max(1, 2_000_000 // data.size)  # bounded memory for big benchmarks
@@ -100,7 +126,6 @@ def bootstrap_ci(
         stop = min(resamples, start + chunk)
         picks = rng.integers(0, data.size, size=(stop - start, data.size))
         means[start:stop] = data[picks].mean(axis=1)
-    tail = (1.0 - level) / 2.0
     low, high = np.quantile(means, [tail, 1.0 - tail])
     # The percentile interval of a mean always brackets it up to float error; make it exact.
     mean = float(data.mean())
@@ -160,4 +185,4 @@ def paired_bootstrap_ci(
     if len(a) != len(b):
         raise ValueError(f"paired values differ in length: {len(a)} and {len(b)}")
     differences = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
-    return bootstrap_ci(differences.tolist(), resamples=resamples, seed=seed, level=level)
+    return _percentile_bootstrap(_checked(differences, resamples, level), resamples, seed, level)
