@@ -23,6 +23,7 @@ SUMMARY_KEYS = {
     "pass_at_k",
     "format_rate",
     "format_rate_ci",
+    "tool_use_rate",
     "mean_code_calls",
     "mean_turns",
     "mean_tokens",

@@ -62,6 +62,7 @@ def test_tool_mode_counts_sandbox_calls_per_sample(smol_tokenizer, tmp_path):
     assert summary.sandbox_error_rate == pytest.approx(0.5)
     assert summary.sandbox_timeout_rate == pytest.approx(0.5)
     assert summary.mean_code_calls == pytest.approx(1.0) and summary.format_rate == 1.0
+    assert summary.tool_use_rate == 1.0
     header = json.loads(out.read_text().splitlines()[0])
     assert (
         header["settings"]["mode"] == "tool"

@@ -12,8 +12,9 @@ hand:
 4. ``retool eval`` of the SFT checkpoint;
 5. ``retool train --init-from`` the SFT checkpoint: the RL steps;
 6. ``retool eval`` of the RL checkpoint, same problems, samples and seeds;
-7. one table (correct rate with its 95% CI, format rate, code calls, tokens),
-   ``retool eval compare`` SFT against RL (paired), and ``retool report``.
+7. one table (correct rate with its 95% CI, format rate, share of samples that
+   used the tool, code calls, tokens), ``retool eval compare`` SFT against RL
+   (paired), and ``retool report``.
 
 Settings: ``train.*``, ``rollout.*``... are the RL run's, ``[demo]`` holds the
 cold start and the evaluations (:class:`~retool.config.DemoConfig`).
@@ -40,12 +41,17 @@ from retool.errors import ConfigError
 DEFAULT_CONFIG = Path("configs/demo.toml")
 QUICK = {"eval_limit": 8, "eval_n": 2, "sft_steps": 3, "sft_batch": 8, "rl_steps": 1}
 
-# Seconds per unit on a quiet 2-core laptop CPU (measured 2026-11-30 with the demo
-# config); the first estimate only: later phases are rescaled by how fast the
-# finished ones actually went.
-EVAL_SAMPLE_S = 0.7
-SFT_CONVERSATION_S = 2.0
-RL_TRAJECTORY_S = 3.0
+# Seconds on a quiet 2-core laptop CPU (measured 2026-11-30 with configs/demo.toml:
+# evaluations of 160 samples took 168-219 s, 10 SFT steps x 16 took 215 s, 8 RL steps
+# x 16 trajectories 340 s); the first estimate only: later phases are rescaled by how
+# fast the finished ones actually went.
+PHASE_START_S = 5.0  # loading the model, writing the effective config
+EVAL_SAMPLE_S = 1.15
+# An evaluation never takes less than its longest trajectory: up to 3 turns of 160
+# tokens decoded one step after another (--quick's 16 samples took 34-43 s).
+EVAL_FLOOR_S = 35.0
+SFT_CONVERSATION_S = 1.35
+RL_TRAJECTORY_S = 2.65
 SELFCHECK_PROBLEMS = 7  # one per problem family of the demo set
 
 
@@ -161,20 +167,19 @@ def _plan(config: Any, problems: int) -> list[Phase]:
     demo, rollout, train = config.demo, config.rollout, config.train
     samples = problems * demo.eval_n
     evaluation = f"{problems} problems of {demo.eval_dataset} x {demo.eval_n} samples"
+    eval_s = PHASE_START_S + max(EVAL_FLOOR_S, samples * EVAL_SAMPLE_S)
     phases = [
         Phase("self-check", "reference solutions through prompt, parse, sandbox, reward", 5),
-        Phase("base model", f"evaluate {config.model.base_model}: {evaluation}", 60 + samples),
+        Phase("base model", f"evaluate {config.model.base_model}: {evaluation}", eval_s),
     ]
     if demo.sft_steps:
         phases += [
             Phase(
                 "cold start",
                 f"{demo.sft_steps} SFT steps x {demo.sft_batch} demonstrations",
-                demo.sft_steps * demo.sft_batch * SFT_CONVERSATION_S,
+                PHASE_START_S + demo.sft_steps * demo.sft_batch * SFT_CONVERSATION_S,
             ),
-            Phase(
-                "SFT model", f"evaluate the SFT checkpoint: {evaluation}", samples * EVAL_SAMPLE_S
-            ),
+            Phase("SFT model", f"evaluate the SFT checkpoint: {evaluation}", eval_s),
         ]
     if demo.rl_steps:
         per_step = train.questions_per_batch * rollout.group_size
@@ -183,9 +188,9 @@ def _plan(config: Any, problems: int) -> list[Phase]:
                 "RL",
                 f"{demo.rl_steps} steps x {train.questions_per_batch} questions x "
                 f"{rollout.group_size} samples, {train.loss} loss",
-                demo.rl_steps * per_step * RL_TRAJECTORY_S,
+                PHASE_START_S + demo.rl_steps * per_step * RL_TRAJECTORY_S,
             ),
-            Phase("RL model", f"evaluate the RL checkpoint: {evaluation}", samples * EVAL_SAMPLE_S),
+            Phase("RL model", f"evaluate the RL checkpoint: {evaluation}", eval_s),
         ]
     phases.append(Phase("results", "table, paired comparison, report", 10))
     return phases
@@ -329,7 +334,10 @@ def _results(evals: dict[str, Path], root: Path, policy: Path | None) -> None:
 
     labels = {"base": "base", "sft": "SFT", "rl": "RL"}
     print("\nheld-out results (the same problems, samples and seeds for every policy):")
-    header = f"{'policy':<7}{'correct (95% CI)':<24}{'format':>8}{'code calls':>12}{'tokens':>8}"
+    header = (
+        f"{'policy':<7}{'correct (95% CI)':<24}{'format':>8}{'tool used':>11}"
+        f"{'code calls':>12}{'tokens':>8}"
+    )
     print(header)
     print("-" * len(header))
     for label, path in evals.items():
@@ -339,7 +347,8 @@ def _results(evals: dict[str, Path], root: Path, policy: Path | None) -> None:
         correct = f"{summary.average_at_n:6.1%} [{low:.1%}, {high:.1%}]"
         print(
             f"{labels[label]:<7}{correct:<24}{summary.format_rate:>8.1%}"
-            f"{summary.mean_code_calls:>12.2f}{summary.mean_tokens:>8.0f}"
+            f"{summary.tool_use_rate:>11.1%}{summary.mean_code_calls:>12.2f}"
+            f"{summary.mean_tokens:>8.0f}"
         )
     pair = [k for k in ("sft", "base") if k in evals]
     if "rl" in evals and pair:

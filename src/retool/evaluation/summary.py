@@ -13,6 +13,7 @@ problems that have all ``n`` samples:
   ``k = 1, 2, 4, ..., n`` averaged over problems (``pass_at_k[1]`` equals
   ``average_at_n``; ``pass_at_k[n]`` equals ``pass_at_n``).
 * ``format_rate`` (with its bootstrap interval over problems, like Average@N),
+  ``tool_use_rate`` (samples with at least one code call),
   ``mean_code_calls``, ``mean_turns``, ``mean_tokens``
   (whole-trajectory length), ``mean_sampled_tokens``: means over all samples.
   Excluded samples (an infrastructure failure) count as not correct; their
@@ -57,6 +58,7 @@ class EvalSummary:
     pass_at_k: dict[int, float]
     format_rate: float
     format_rate_ci: tuple[float, float]
+    tool_use_rate: float
     mean_code_calls: float
     mean_turns: float
     mean_tokens: float
@@ -88,6 +90,7 @@ class EvalSummary:
             "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()},
             "format_rate": self.format_rate,
             "format_rate_ci": list(self.format_rate_ci),
+            "tool_use_rate": self.tool_use_rate,
             "mean_code_calls": self.mean_code_calls,
             "mean_turns": self.mean_turns,
             "mean_tokens": self.mean_tokens,
@@ -117,6 +120,7 @@ class EvalSummary:
             f"{prefix}pass_at_n_low": self.pass_at_n_ci[0],
             f"{prefix}pass_at_n_high": self.pass_at_n_ci[1],
             f"{prefix}format_rate": self.format_rate,
+            f"{prefix}tool_use_rate": self.tool_use_rate,
             f"{prefix}mean_code_calls": self.mean_code_calls,
             f"{prefix}mean_turns": self.mean_turns,
             f"{prefix}mean_tokens": self.mean_tokens,
@@ -182,6 +186,7 @@ def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
         pass_at_k=by_k,
         format_rate=_mean(formats),
         format_rate_ci=bootstrap_ci(formats),
+        tool_use_rate=_mean([float(int(r.get("code_calls", 0)) > 0) for r in kept]),
         mean_code_calls=_mean([float(r.get("code_calls", 0)) for r in kept]),
         mean_turns=_mean([float(r.get("turns", 0)) for r in kept]),
         mean_tokens=_mean([float(r.get("tokens", 0)) for r in kept]),

@@ -36,6 +36,7 @@ def format_summary(summary: EvalSummary) -> str:
             "format rate",
             f"{_pct(summary.format_rate)}  {_ci(summary.format_rate_ci, summary.ci_level)}",
         ),
+        ("tool used", f"{_pct(summary.tool_use_rate)} of samples"),
         ("mean code calls", f"{summary.mean_code_calls:.2f}"),
         ("mean turns", f"{summary.mean_turns:.2f}"),
         ("mean tokens", f"{summary.mean_tokens:.1f} (generated {summary.mean_sampled_tokens:.1f})"),

@@ -300,7 +300,14 @@ class Display:
 
 def step_summary(step: int, total: int, metrics: dict[str, float]) -> str:
     loss = metrics.get("train/loss:sum")
-    loss_text = f"loss {loss:+.4f}" if loss is not None else "update skipped"
+    # PPO's loss on freshly sampled tokens is ~0 by construction (ratio 1, advantages
+    # centred per group), so it is printed to 3 significant digits, not as -0.0000,
+    # with the gradient norm that shows the update is not.
+    loss_text = "update skipped"
+    if loss is not None:
+        loss_text = f"loss {loss:+.3g}"
+        if "optim/grad_norm" in metrics:
+            loss_text += f"  grad norm {metrics['optim/grad_norm']:.3g}"
     return (
         f"step {step}/{total}  {metrics['time/step_s']:.1f}s  {loss_text}  "
         f"reward {metrics['reward/mean']:+.3f}  correct {metrics['reward/correct']:.3f}  "
