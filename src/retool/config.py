@@ -532,7 +532,7 @@ class DemoConfig:
     sft_steps: int = 10  # cold-start SFT steps on demonstrations from data.train
     sft_batch: int = 16  # demonstrations per SFT step
     sft_learning_rate: float = 1e-3  # AdamW learning rate of the cold start
-    rl_steps: int = 8  # RL steps from the SFT checkpoint (train.* holds their settings)
+    rl_steps: int = 6  # RL steps from the SFT checkpoint (train.* holds their settings)
     eval_dataset: str = "demo:test"  # held-out problems for base / SFT / RL
     eval_n: int = 4  # samples per problem, the same seeds for all three policies
     eval_limit: int = 0  # first this many problems; 0 = all
