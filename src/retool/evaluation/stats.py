@@ -92,7 +92,7 @@ def bootstrap_ci(
     ``[0, 1]`` whose mean is ``p`` varies at most as much as a coin with ``p``,
     so the bound holds for fractions of samples as well as for 0/1 outcomes.
     """
-    data = _checked(values, resamples, level)
+    data = _checked("bootstrap_ci", values, resamples, level)
     if data.size and (data.min() < 0.0 or data.max() > 1.0):
         raise ValueError("bootstrap_ci values must be per-problem fractions in [0, 1]")
     if data.size > 1 and (data.max() == 0.0 or data.min() == 1.0):
@@ -101,14 +101,14 @@ def bootstrap_ci(
     return _percentile_bootstrap(data, resamples, seed, level)
 
 
-def _checked(values: Sequence[float], resamples: int, level: float) -> np.ndarray:
+def _checked(name: str, values: Sequence[float], resamples: int, level: float) -> np.ndarray:
     from retool.config import check_number
 
-    check_number("bootstrap resamples", resamples, 1, 10**7, integer=True)
-    check_number("bootstrap level", level, 0, 1, low_open=True)
+    check_number(f"{name} resamples", resamples, 1, 10**7, integer=True)
+    check_number(f"{name} level", level, 0, 1, low_open=True)
     data = np.asarray(values, dtype=float)
     if not np.isfinite(data).all():
-        raise ValueError("bootstrap values must be finite numbers (a nan or inf is a bug)")
+        raise ValueError(f"{name} values must be finite numbers (a nan or inf is a bug)")
     return data
 
 
@@ -185,4 +185,5 @@ def paired_bootstrap_ci(
     if len(a) != len(b):
         raise ValueError(f"paired values differ in length: {len(a)} and {len(b)}")
     differences = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
-    return _percentile_bootstrap(_checked(differences, resamples, level), resamples, seed, level)
+    data = _checked("paired_bootstrap_ci", differences, resamples, level)
+    return _percentile_bootstrap(data, resamples, seed, level)
