@@ -15,8 +15,8 @@ evaluation of the SFT checkpoint (80 two-turn samples), copying once per
 request joining and once per row finishing took 63 of its 125 s. So the
 engine copies at most once per step for every request that arrived together,
 and lets finished rows ride along (their cost is a row of the next steps'
-matrix products, about 1 ms each) until they are half the batch or new rows
-join anyway.
+matrix products, about 3 ms per step at 16-32 rows) until they are half the
+batch or new rows join anyway.
 
 ``PrefixCache`` remembers the KV of finished prompts and sequences, keyed by
 their tokens, so a continuation prompt (previous prompt + completion + delta)
