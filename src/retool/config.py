@@ -431,8 +431,25 @@ class TrainConfig:
     eval_limit: int = 0  # first this many problems, in [0, 10**7]; 0 = all
     seed: int = 0  # LoRA initialisation, in [0, 2**32 - 1]
     run_dir: str = "runs/default"  # metrics, checkpoints, samples
+    # Sampler/trainer numerics (retool.training.numerics): where pi_old comes from, and the
+    # rollout correction (auto: none when sampler and trainer are float32, else tis).
+    old_logprobs: str = "sampler"  # sampler | recompute (one trainer forward per step)
+    rollout_correction: str = "auto"  # auto | none | tis | mis
+    rollout_correction_cap: float = 2.0  # C: TIS cap, MIS keeps ratios in [1/C, C]; (1, 100]
 
     def __post_init__(self) -> None:
+        if self.old_logprobs not in ("sampler", "recompute"):
+            raise ConfigError(
+                f"train.old_logprobs must be sampler or recompute; got {self.old_logprobs!r}"
+            )
+        if self.rollout_correction not in ("auto", "none", "tis", "mis"):
+            raise ConfigError(
+                "train.rollout_correction must be auto, none, tis or mis; "
+                f"got {self.rollout_correction!r}"
+            )
+        check_range(
+            "train", "rollout_correction_cap", self.rollout_correction_cap, 1, 100, low_open=True
+        )
         ints = {  # name: (low, high); every bound is inclusive
             "steps": (1, 10**7),
             "questions_per_batch": (1, 2**16),

@@ -337,7 +337,7 @@ class Session:
         per_step: int,
         unit: str,
     ) -> None:
-        from retool.backends import service_client
+        from retool.training.numerics import open_service, record_numerics
         from retool.types import AdamParams
 
         cfg = self.cfg = config.train
@@ -348,12 +348,11 @@ class Session:
             from retool.tracking import make_tracker
 
             self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
-        service = self.service = service_client(
-            config.model, checkpoint_root=self.run.checkpoint_root
-        )
+        service = self.service = open_service(config, self.run, resume)  # training/numerics.py
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
+        record_numerics(self.run, service, resume)
         limit = getattr(self.trainer, "max_context_tokens", None)
         if isinstance(limit, int) and 0 < limit < cfg.max_train_tokens:
             raise ConfigError(
@@ -376,6 +375,7 @@ class Session:
             f"{'resuming after' if self.start else 'starting at'} step {self.start}; "
             f"{cfg.steps} steps"
         )
+        self.numerics = getattr(service, "numerics", None)  # local backend: per-role dtypes
         self.display = Display(cfg.steps, self.start, per_step, progress, unit)
         self.guard = InterruptGuard()
 
@@ -515,6 +515,7 @@ def train(
     from retool.rollout import rollout_batch
     from retool.training.aggregation import scale_advantages
     from retool.training.datum import build_training_datums
+    from retool.training.numerics import prepare_step
 
     cfg = config.train
     examples = load_dataset(config.data.train)
@@ -584,7 +585,15 @@ def train(
                     micro_batches = session.pack(datums)
                 metrics = dict(result.metrics())
                 metrics["train/reused_groups"] = float(len(reuse))
-                metrics.update(session.update(step, micro_batches, cfg.loss, loss_config, phases))
+                numerics = prepare_step(  # old logprobs and rollout correction: numerics.py
+                    trainer, micro_batches, config, session.numerics, loss_config, phases
+                )
+                metrics.update(
+                    session.update(
+                        step, numerics.micro_batches, cfg.loss, numerics.loss_config, phases
+                    )
+                )
+                metrics.update(numerics.finish(metrics))
                 note = "" if micro_batches else "  (every group scored alike: nothing to train)"
                 tokens = step_tokens(result.trajectories, trained=int(metrics["train/tokens"]))
                 session.commit(step, metrics, phases, result.trajectories, note, tokens=tokens)

@@ -40,7 +40,12 @@ import numpy as np
 import torch
 
 from retool.backends.local.lora_fast import use_lean_lora_forward
-from retool.backends.local.losses import LOSS_NAMES, chunked_target_logprobs, compute_loss
+from retool.backends.local.losses import (
+    LOSS_NAMES,
+    SAMPLER_LOGPROBS,
+    chunked_target_logprobs,
+    compute_loss,
+)
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.threads import run_in_worker
 from retool.errors import BackendError
@@ -120,6 +125,8 @@ class LocalTrainingClient:
         recompute_fraction: float = 0.1,
         logits_chunk_tokens: int = 1024,
         share_prefix: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+        sampler_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -129,6 +136,10 @@ class LocalTrainingClient:
         self.max_context_tokens = max_context_tokens
         self.logits_chunk_tokens = logits_chunk_tokens  # rows x positions per logits chunk
         self.share_prefix = share_prefix  # compute the datums' common prefix once per call
+        # bf16 training: the decoder under autocast, master weights and optimizer in float32,
+        # the output head and log-softmax in float32 (chunked_target_logprobs).
+        self.autocast_dtype = autocast_dtype
+        self.sampler_dtype = sampler_dtype  # sampling snapshots' weight dtype (None: as trained)
         self.device = next(model.parameters()).device
         self.steps = 0  # optimizer steps taken
         self._lock = threading.Lock()
@@ -266,16 +277,30 @@ class LocalTrainingClient:
         backward: bool,
     ) -> ForwardBackwardOutput:
         input_ids, mask, targets = self._batch(data, loss_fn)
+        autocast = torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+        )
         with torch.set_grad_enabled(backward):
             lengths = [datum.model_input.length for datum in data]
-            logprobs = self._target_logprobs(input_ids, targets, lengths)
+            with autocast:
+                logprobs = self._target_logprobs(input_ids, targets, lengths)
             flat = logprobs[mask.bool()]
             inputs = {
                 key: self._flat(data, key)
                 for key in _REQUIRED_INPUTS[loss_fn]
                 if key != "target_tokens"
             }
-            loss, metrics = compute_loss(loss_fn, flat, inputs, config)
+            if loss_fn != "cross_entropy" and all(
+                SAMPLER_LOGPROBS in d.loss_fn_inputs for d in data
+            ):
+                inputs[SAMPLER_LOGPROBS] = self._flat(data, SAMPLER_LOGPROBS)
+            segments = torch.repeat_interleave(
+                torch.arange(len(data), device=self.device),
+                torch.tensor(lengths, device=self.device),
+            )
+            loss, metrics = compute_loss(loss_fn, flat, inputs, config, segments=segments)
             if backward:
                 loss.backward()
         per_datum = []
@@ -464,8 +489,11 @@ class LocalTrainingClient:
         for name, layer in self._lora_layers:
             linear = model.get_submodule(name)
             adapter = layer.active_adapters[0]
-            linear.weight.copy_(layer.base_layer.weight)
-            linear.weight.add_(layer.get_delta_weight(adapter))  # PEFT's own merge, in place
+            if linear.weight.dtype == layer.base_layer.weight.dtype:
+                linear.weight.copy_(layer.base_layer.weight)
+                linear.weight.add_(layer.get_delta_weight(adapter))  # PEFT's own merge, in place
+            else:  # a bf16 sampler: merge in float32, round once
+                linear.weight.copy_(layer.base_layer.weight + layer.get_delta_weight(adapter))
         return True
 
     def _release_sampler_model(self, model: Any) -> None:
@@ -480,6 +508,8 @@ class LocalTrainingClient:
             clone = copy.deepcopy(self.model)
         if hasattr(clone, "merge_and_unload"):
             clone = clone.merge_and_unload()
+        if self.sampler_dtype is not None:
+            clone = clone.to(self.sampler_dtype)
         clone.eval()
         disable = getattr(clone, "activation_checkpointing_disable", None) or getattr(
             clone, "gradient_checkpointing_disable", None
