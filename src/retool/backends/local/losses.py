@@ -37,7 +37,8 @@ case and the current forward (detached) in the second: every
   already carries ``ρ``, so the token's loss is scaled by ``min(1, C / ρ)``;
   with recomputed π_old by ``min(ρ, C)``;
 * ``rollout_correction = 2`` (MIS): a datum whose sequence ratio
-  ``exp(sum log ρ)`` over its loss tokens leaves ``[1/C, C]`` gets weight 0;
+  ``exp(sum log ρ)`` over its loss tokens leaves ``[1/C, C]`` gets weight 0, the
+  others are left as π_old makes them (a rejection, not a reweighting);
 * ``correction_fraction``: share of loss tokens truncated (TIS) or masked (MIS).
 
 Weights are detached: they rescale gradients, they have none.
@@ -168,8 +169,9 @@ def correction_weights(
     """(the importance weight each token should carry, which tokens were truncated/masked).
 
     ``log_rho`` = ``log π_trainer - log π_sampler`` per token; ``mode`` 1 is TIS
-    (``min(ρ, cap)``), 2 is MIS (1 or 0 per segment by its sequence ratio), 0 is
-    the plain ``ρ``. Inactive tokens get weight ``ρ`` and are never counted.
+    (the importance weight ``min(ρ, cap)``), 2 is MIS (a mask: 1 or 0 per segment
+    by its sequence ratio, on top of what π_old gives), 0 is the plain ``ρ``.
+    Inactive tokens are never counted.
     """
     rho = torch.exp(log_rho)
     if mode == 1:
@@ -183,7 +185,7 @@ def correction_weights(
         seq.index_add_(0, segments, torch.where(active, log_rho, torch.zeros_like(log_rho)))
         keep = seq.abs() <= math.log(cap)
         masked = ~keep[segments] & active
-        return torch.where(masked, torch.zeros_like(rho), rho), masked
+        return (~masked).to(rho.dtype), masked
     return rho, torch.zeros_like(active)
 
 
@@ -223,7 +225,7 @@ def compute_loss(
         weight, corrected = correction_weights(log_rho, active, segments, mode, cap)
         # The weight a token's loss is scaled by: its wanted importance weight over the
         # one its ratio already carries (rho with sampler logprobs as pi_old, 1 otherwise).
-        scale = weight if recomputed else weight / torch.exp(log_rho)
+        scale = weight if recomputed or mode == 2 else weight / torch.exp(log_rho)
         scale = torch.where(active, scale, torch.ones_like(scale)) if mode else None
     per_token: dict[str, Callable[[], torch.Tensor]] = {
         "importance_sampling": lambda: -(ratio * advantages),
