@@ -140,6 +140,55 @@ def check_model(base_model: str, backend: str) -> Check:
     return Check("model", "ok", f"{base_model} -> {where}{kind}")
 
 
+def model_shapes(base_model: str) -> Any:
+    """The model's projection shapes from its config alone (no weights), or None."""
+    from retool.backends.local.dtype import ModelShapes
+    from retool.backends.local.models import cache_dir, file_digest, resolve_model
+
+    source = resolve_model(base_model)
+    if source.random_init:
+        from retool.backends.local.models import tiny_random_config
+
+        return ModelShapes.from_config(tiny_random_config(49152))
+    if source.gguf_file is None:
+        path = source.path / "config.json"
+    else:  # the converted copy the backend caches (see models.load_model)
+        digest = file_digest(source.path / source.gguf_file)
+        path = cache_dir() / "models" / f"{Path(source.gguf_file).stem}-{digest}" / "config.json"
+    try:
+        return ModelShapes.from_config(_Namespace(json.loads(path.read_text())))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class _Namespace:
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def check_numerics(config: Any, run_dir: str | None) -> Check:
+    """What ``model.dtype`` means per role here: a run's record, else measured now."""
+    model = config.model
+    if model.backend != "local":
+        return Check("numerics", "info", f"chosen by the {model.backend} service")
+    if importlib.util.find_spec("torch") is None:
+        return Check("numerics", "info", "torch is not installed")
+    from retool.backends.local.dtype import Workload, resolve_numerics
+    from retool.training.numerics import read_numerics
+
+    recorded = read_numerics(Path(run_dir)) if run_dir else None
+    if recorded is not None:
+        return Check("numerics", "ok", f"recorded in {run_dir}: {recorded.summary()}")
+    try:
+        shapes = model_shapes(model.base_model) if model.dtype == "auto" else None
+    except RetoolError as exc:
+        return Check("numerics", "info", f"not measured: {exc}")
+    if model.dtype == "auto" and shapes is None:
+        return Check("numerics", "info", "auto: measured when the model first loads")
+    numerics = resolve_numerics(model.dtype, shapes, Workload.from_config(config))
+    return Check("numerics", "ok", numerics.summary())
+
+
 def check_data(spec: str, name: str) -> Check:
     from retool.data import load_dataset
 
@@ -332,6 +381,10 @@ def diagnose(
     checks += check_torch(backend)
     checks.append(check_device(config.model.device, backend))
     checks.append(check_model(config.model.base_model, backend))
+    try:
+        checks.append(check_numerics(config, run_dir or config.train.run_dir))
+    except RetoolError as exc:
+        checks.append(Check("numerics", "fail", str(exc)))
     checks.append(check_extras(backend))
     checks += check_credentials(backend)
     checks.append(check_data(config.data.train, "data.train"))
