@@ -56,15 +56,25 @@ def _ratio(new: float, old: float) -> str:
 
 
 def auto_choice() -> object:
-    from retool.backends.local.dtype import ModelShapes, Workload, resolve_numerics
+    from retool.backends.local.dtype import (
+        ModelShapes,
+        Workload,
+        resolve_numerics,
+        time_model_decode,
+    )
     from retool.backends.local.models import load_model
     from retool.backends.local.threads import run_in_worker
     from retool.config import load_config
 
     config = load_config("configs/demo.toml")
-    shapes = ModelShapes.from_config(run_in_worker(lambda: load_model(MODEL)).config)
+    model = run_in_worker(lambda: load_model(MODEL).eval())
+    shapes = ModelShapes.from_config(model.config)
     started = time.perf_counter()
-    numerics = run_in_worker(lambda: resolve_numerics("auto", shapes, Workload.from_config(config)))
+    numerics = run_in_worker(  # as LocalServiceClient measures it at start
+        lambda: resolve_numerics(
+            "auto", shapes, Workload.from_config(config), sampler_timer=time_model_decode(model)
+        )
+    )
     return numerics, time.perf_counter() - started
 
 

@@ -18,6 +18,7 @@ from retool.errors import ConfigError
 from retool.types import AdamParams, Datum, ModelInput, SamplingParams, TensorData
 
 SHAPES = ModelShapes(hidden=64, intermediate=128, kv=32, vocab=1000, layers=2)
+SMOLLM2 = ModelShapes(hidden=576, intermediate=1536, kv=192, vocab=49152, layers=30)
 HOST = {"cpu": "test", "flags": "avx2"}
 
 
@@ -45,7 +46,7 @@ def _timer(speedups):
 def test_auto_chooses_per_role_from_the_timings():
     # bf16 slower at the sampler's 16 rows (as on AMX hosts at few rows), 3x at 4096.
     timer, calls = _timer({16: 0.5, 4096: 3.0})
-    numerics = resolve_numerics("auto", SHAPES, Workload(16, 4096), timer=timer, host=HOST)
+    numerics = resolve_numerics("auto", SMOLLM2, Workload(16, 4096), timer=timer, host=HOST)
     assert (numerics.sampler, numerics.trainer) == ("float32", "bfloat16")
     sampler, trainer = numerics.timings
     assert sampler.stopped_early and sampler.chosen == "float32" and sampler.speedup < 1
@@ -57,13 +58,20 @@ def test_auto_chooses_per_role_from_the_timings():
 
 def test_auto_never_picks_bf16_on_noise_and_explicit_values_are_not_measured():
     timer, calls = _timer({32: 1.1, 4096: 1.15})
-    numerics = resolve_numerics("auto", SHAPES, Workload(32, 4096), timer=timer, host=HOST)
+    numerics = resolve_numerics("auto", SMOLLM2, Workload(32, 4096), timer=timer, host=HOST)
     assert numerics.all_float32
     for explicit in ("float32", "bfloat16", "float16"):
         calls.clear()
         chosen = resolve_numerics(explicit, SHAPES, Workload(), timer=timer, host=HOST)
         assert (chosen.sampler, chosen.trainer, chosen.timings) == (explicit, explicit, ())
         assert calls == []
+
+
+def test_a_tiny_model_stays_float32_unmeasured():
+    timer, calls = _timer({8: 10.0, 2048: 10.0})
+    numerics = resolve_numerics("auto", SHAPES, Workload(8, 2048), timer=timer, host=HOST)
+    assert numerics.sampler == "float32" and calls[0] == (2048, "float32")  # decode: 45 MFLOP
+    assert "sampler too small to measure at 8 rows" in numerics.summary()
 
 
 def test_the_real_timer_measures_and_stops_early():

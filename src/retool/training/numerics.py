@@ -92,21 +92,24 @@ def check_supported(config: Any) -> None:
         )
 
 
+def service_options(config: Any) -> dict[str, Any]:
+    """What ``service_client`` passes to a local backend: the run's workload, for ``auto``."""
+    if config.model.backend != "local":
+        return {}
+    from retool.backends.local.dtype import Workload
+
+    return {"workload": Workload.from_config(config)}
+
+
 def open_service(config: Any, run: Any, resume: bool) -> Any:
     """The run's service client; a local one gets the workload and, on resume, the numerics."""
     from retool.backends import service_client
 
     check_supported(config)
-    if config.model.backend != "local":
-        return service_client(config.model, checkpoint_root=run.checkpoint_root)
-    from retool.backends.local.dtype import Workload
-
-    return service_client(
-        config.model,
-        checkpoint_root=run.checkpoint_root,
-        workload=Workload.from_config(config),
-        numerics=read_numerics(run.path) if resume else None,
-    )
+    options = service_options(config)
+    if options and resume:
+        options["numerics"] = read_numerics(run.path)
+    return service_client(config.model, checkpoint_root=run.checkpoint_root, **options)
 
 
 def record_numerics(run: Any, service: Any, resume: bool) -> None:

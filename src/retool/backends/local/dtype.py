@@ -4,11 +4,16 @@ Whether bf16 pays depends on the CPU and on the batch shape, and nothing but a
 measurement on the host tells (2026-12-01 on hosts of one machine kind, at
 SmolLM2's shapes: AVX2 only, bf16 4-28x *slower*; AVX-512 BF16 without AMX,
 about equal; AMX-BF16, 0.3-1.0x at 1-4 rows but 1.9-4.4x at 64 rows and
-3.9-6.7x at 512). So at start the local backend times the model's own
-projections (its hidden, intermediate, key/value and vocabulary sizes, from
-the model config) with ``F.linear`` in both dtypes, at the rows each role will
-run: the sampler's decode batch (questions x group size, at most the samples
-in flight) and the trainer's micro-batch (positions per ``forward_backward``).
+3.9-6.7x at 512). So at start the local backend measures both dtypes at
+the rows each role will run: for the sampler, the loaded model's own
+one-token forward at its decode batch (questions x group size, at most the
+samples in flight), against a bf16 copy (a decode step is bound by reading
+the weights, which only the real model shows: on this AVX2 host single cached
+matrices at 16 rows looked 2x faster in bf16 while the model was slower); for
+the trainer, the model's projections (hidden, intermediate, key/value and
+vocabulary sizes from its config) with ``F.linear`` at the micro-batch's
+positions (compute-bound, so one matrix per shape is representative).
+``retool doctor``, which loads no weights, times projections for both roles.
 A role gets bf16 only when it is at least :data:`BF16_MARGIN` times faster,
 so timing noise can never make a run slower than float32.
 
@@ -17,6 +22,9 @@ Bounded cost: output widths above :data:`MAX_OUT` and row counts above
 per row has saturated there) and scaled, and the bf16 timing stops as soon
 as its running total passes what float32 needed for all the shapes (it can no
 longer win). On an AVX2 host the whole measurement takes well under a second.
+
+A role whose step is under :data:`MIN_FLOP` (``tiny-random``'s decode) is not
+measured and stays float32: microseconds of work are timing noise.
 
 Explicit ``float32`` / ``bfloat16`` win and are not measured; ``float16``
 keeps its old meaning (the model held in float16 for both roles). What bf16
@@ -31,6 +39,7 @@ choice is unit-tested without a clock.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +49,8 @@ from typing import Any
 BF16_MARGIN = 1.2  # bf16 must be this many times faster to be chosen
 MAX_OUT = 2048  # wider projections are timed at this width and scaled
 MAX_ROWS = 512  # more rows are timed at this count and scaled
+MIN_BATCH_S = 2e-3  # each timed batch of one shape lasts at least this long
+MIN_FLOP = 2e9  # a role doing less per step (a tiny test model) stays float32, unmeasured
 REQUESTS = ("auto", "float32", "bfloat16", "float16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
 
@@ -67,6 +78,10 @@ class ModelShapes:
             vocab=int(config.vocab_size),
             layers=int(config.num_hidden_layers),
         )
+
+    def flops(self, rows: int) -> float:
+        """Multiply-adds x 2 of one forward's projections at ``rows`` rows."""
+        return 2.0 * rows * sum(i * o * calls for i, o, calls in self.projections())
 
     def projections(self) -> list[tuple[int, int, float]]:
         """``(in, out, calls per forward)``: q, k, v, o, gate, up, down per layer; the head."""
@@ -104,7 +119,7 @@ class RoleTiming:
     @property
     def speedup(self) -> float:
         """float32 time / bf16 time (> 1: bf16 faster; an upper bound when stopped early)."""
-        return self.float32_s / self.bfloat16_s if self.bfloat16_s > 0 else float("inf")
+        return self.float32_s / self.bfloat16_s if self.bfloat16_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,9 @@ class Numerics:
             return f"{text} (model.dtype = {self.requested})"
         parts = []
         for t in self.timings:
+            if t.float32_s == 0:
+                parts.append(f"{t.role} too small to measure at {t.rows} rows")
+                continue
             speed = f"{'<= ' if t.stopped_early else ''}{t.speedup:.2f}x"
             parts.append(f"{t.role} bf16 {speed} at {t.rows} rows")
         need = f"bf16 needs >= {BF16_MARGIN}x"
@@ -217,7 +235,7 @@ def time_projections(
     give_up_after: float | None = None,
     device: str = "cpu",
 ) -> tuple[float, bool]:
-    """Seconds for one forward's projections at ``rows`` rows in ``dtype`` (best of 2).
+    """Seconds for one forward's projections at ``rows`` rows in ``dtype`` (best of 3).
 
     Returns ``(seconds, complete)``: it stops, with the running total as a lower
     bound and ``complete`` false, once that total passes ``give_up_after``.
@@ -234,18 +252,67 @@ def time_projections(
             width = min(fan_out, MAX_OUT)
             x = torch.randn(measured_rows, fan_in, dtype=torch_dtype, device=device)
             w = torch.randn(width, fan_in, dtype=torch_dtype, device=device)
+            started = time.perf_counter()
             F.linear(x, w)  # warm-up: packing, kernel selection
             sync()
+            # Small products take microseconds: repeat each to >= MIN_BATCH_S so that a
+            # scheduler hiccup on a loaded machine cannot decide the choice.
+            repeat = max(
+                1, min(64, math.ceil(MIN_BATCH_S / max(time.perf_counter() - started, 1e-7)))
+            )
             best = float("inf")
-            for _ in range(2):
+            for _ in range(3):
                 started = time.perf_counter()
-                F.linear(x, w)
+                for _ in range(repeat):
+                    F.linear(x, w)
                 sync()
-                best = min(best, time.perf_counter() - started)
+                best = min(best, (time.perf_counter() - started) / repeat)
             total += best * calls * (fan_out / width) * (rows / measured_rows)
             if give_up_after is not None and total > give_up_after:
                 return total, False
     return total, True
+
+
+def time_model_decode(model: Any, device: str = "cpu") -> Timer:
+    """A timer of the real model's one-token forward at ``rows`` rows (the sampler's step).
+
+    A decode step reads every weight once per step for a few rows, so what it
+    costs is mostly memory traffic, which a product of one small, cached weight
+    matrix does not show: the sampler is timed on the model itself (and a bf16
+    copy of it), the head included.
+    """
+    import copy
+
+    import torch
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    copies: dict[str, Any] = {}
+
+    def timer(
+        shapes: ModelShapes, rows: int, dtype: str, give_up_after: float | None
+    ) -> tuple[float, bool]:
+        if dtype not in copies:
+            copies.clear()  # one extra copy alive at a time
+            copies[dtype] = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
+        target = copies[dtype]
+        ids = torch.randint(0, shapes.vocab, (rows, 1), device=device)
+        best = float("inf")
+        with torch.no_grad():
+            for attempt in range(3):  # a warm-up, then best of 2
+                started = time.perf_counter()
+                target(input_ids=ids, use_cache=False)
+                sync()
+                seconds = time.perf_counter() - started
+                if attempt:
+                    best = min(best, seconds)
+                if give_up_after is not None and seconds > 1.5 * give_up_after:
+                    copies.clear()
+                    return seconds, False
+        if dtype != "float32":
+            copies.clear()
+        return best, True
+
+    return timer
 
 
 def resolve_numerics(
@@ -256,8 +323,10 @@ def resolve_numerics(
     device: str = "cpu",
     timer: Timer | None = None,
     host: Mapping[str, str] | None = None,
+    sampler_timer: Timer | None = None,
 ) -> Numerics:
-    """The numerics for ``model.dtype = requested``; ``auto`` measures with ``timer``."""
+    """The numerics for ``model.dtype = requested``; ``auto`` measures with ``timer``
+    (``sampler_timer`` for the sampler's role when given: :func:`time_model_decode`)."""
     if requested not in REQUESTS:
         raise ValueError(f"dtype must be one of {', '.join(REQUESTS)}, got {requested!r}")
     info = dict(host) if host is not None else host_info(device)
@@ -265,7 +334,7 @@ def resolve_numerics(
         return Numerics(requested, requested, requested, (), info)
     if shapes is None:
         raise ValueError("dtype auto needs the model's shapes")
-    key = (shapes, workload, device)
+    key = (shapes, workload, device, sampler_timer is not None)
     if timer is None and key in _MEASURED:  # one measurement per process and shape
         return _MEASURED[key]
     measure: Timer = timer or (
@@ -273,8 +342,12 @@ def resolve_numerics(
     )
     timings = []
     for role, rows in (("sampler", workload.decode_rows), ("trainer", workload.train_rows)):
-        fp32, _ = measure(shapes, rows, "float32", None)
-        bf16, complete = measure(shapes, rows, "bfloat16", fp32)
+        if shapes.flops(rows) < MIN_FLOP:  # microseconds of work: noise would decide
+            timings.append(RoleTiming(role, rows, 0.0, 0.0, "float32", True))
+            continue
+        role_measure = sampler_timer if role == "sampler" and sampler_timer else measure
+        fp32, _ = role_measure(shapes, rows, "float32", None)
+        bf16, complete = role_measure(shapes, rows, "bfloat16", fp32)
         chosen = choose_dtype(fp32, bf16) if complete else "float32"
         timings.append(RoleTiming(role, rows, fp32, bf16, chosen, not complete))
     numerics = Numerics("auto", timings[0].chosen, timings[1].chosen, tuple(timings), info)
@@ -283,4 +356,4 @@ def resolve_numerics(
     return numerics
 
 
-_MEASURED: dict[tuple[ModelShapes, Workload, str], Numerics] = {}
+_MEASURED: dict[tuple[ModelShapes, Workload, str, bool], Numerics] = {}

@@ -14,7 +14,13 @@ from typing import Any
 import torch
 
 from retool.backends.local.allocator import release_large_blocks_to_os
-from retool.backends.local.dtype import ModelShapes, Numerics, Workload, resolve_numerics
+from retool.backends.local.dtype import (
+    ModelShapes,
+    Numerics,
+    Workload,
+    resolve_numerics,
+    time_model_decode,
+)
 from retool.backends.local.models import load_model, load_tokenizer
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.threads import run_in_worker
@@ -81,18 +87,20 @@ class LocalServiceClient:
         model = run_in_worker(
             lambda: load_model(base_model, dtype=self.dtype, seed=seed or 0).to(self.device)
         )
-        self.resolve_numerics(model.config)
+        self.resolve_numerics(model)
         return model
 
-    def resolve_numerics(self, model_config: Any) -> Numerics:
-        """The per-role dtypes (measured once, at the first model, for ``auto``)."""
+    def resolve_numerics(self, model: Any) -> Numerics:
+        """The per-role dtypes (measured once, on the first model, for ``auto``)."""
         if self.numerics is None:
+            device = str(self.device)
             self.numerics = run_in_worker(
                 lambda: resolve_numerics(
                     self.requested_dtype,
-                    ModelShapes.from_config(model_config),
+                    ModelShapes.from_config(model.config),
                     self.workload,
-                    device=str(self.device),
+                    device=device,
+                    sampler_timer=time_model_decode(model, device),
                 )
             )
         return self.numerics
@@ -215,7 +223,7 @@ class LocalServiceClient:
             ) from None
         if merged:
             model = run_in_worker(lambda: load_model(str(root), dtype=self.dtype).to(self.device))
-            self.resolve_numerics(model.config)
+            self.resolve_numerics(model)
         else:
             from peft import PeftModel
 
