@@ -68,9 +68,11 @@ def test_auto_never_picks_bf16_on_noise_and_explicit_values_are_not_measured():
 
 
 def test_a_tiny_model_stays_float32_unmeasured():
-    timer, calls = _timer({8: 10.0, 2048: 10.0})
-    numerics = resolve_numerics("auto", SHAPES, Workload(8, 2048), timer=timer, host=HOST)
-    assert numerics.sampler == "float32" and calls[0] == (2048, "float32")  # decode: 45 MFLOP
+    timer, calls = _timer({8: 10.0, 65536: 10.0})
+    numerics = resolve_numerics("auto", SHAPES, Workload(8, 65536), timer=timer, host=HOST)
+    # Decoding 8 rows is ~2 MFLOP: not measured; 65536 training positions are 18 GFLOP.
+    assert numerics.sampler == "float32" and calls[0] == (65536, "float32")
+    assert numerics.trainer == "bfloat16"
     assert "sampler too small to measure at 8 rows" in numerics.summary()
 
 
