@@ -50,7 +50,7 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
         run_dir, resume=args.resume, flag="--run-dir" if args.run_dir else "train.run_dir"
     )
     if args.init_from and not args.resume:
-        from retool.training.loop import resolve_checkpoint
+        from retool.training.session import resolve_checkpoint
 
         resolve_checkpoint(args.init_from)
     check_tracker(args.tracker)
