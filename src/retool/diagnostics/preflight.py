@@ -35,10 +35,16 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from retool.backends import open_sampling_client, open_sandbox, service_client
 from retool.config import RunConfig
+from retool.data import load_dataset, take_batch
 from retool.errors import ConfigError
-from retool.rollout import RolloutResult, StopReason
+from retool.reward import default_checker, load_reward_function
+from retool.rollout import RolloutResult, StopReason, rollout_batch
 from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
+from retool.training.datum import build_datum, build_training_datums, datum_loss_tokens
+from retool.training.numerics import check_supported, service_options
+from retool.training.session import resolve_checkpoint
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,
@@ -304,10 +310,7 @@ def open_policy(service: Any, config: RunConfig, init_from: str | None) -> tuple
     ``retool train --init-from`` loads them.
     """
     if not init_from:
-        from retool.backends import open_sampling_client
-
         return open_sampling_client(service, config.model.base_model), config.model.base_model
-    from retool.training.loop import resolve_checkpoint
 
     state = resolve_checkpoint(init_from)
     trainer = service.create_training_client_from_state(str(state))
@@ -323,13 +326,6 @@ def run_preflight(
     progress: Any = None,
 ) -> PreflightReport:
     """Roll out ``questions`` x ``group_size`` (default ``rollout.group_size``) and assess."""
-    from retool.backends import open_sandbox, service_client
-    from retool.data import load_dataset, take_batch
-    from retool.reward import default_checker, load_reward_function
-    from retool.rollout import rollout_batch
-    from retool.training.datum import build_training_datums
-    from retool.training.numerics import check_supported, service_options
-
     check_supported(config)
     if questions < 1:
         raise ConfigError(f"--questions must be >= 1, got {questions}")
@@ -369,8 +365,8 @@ def run_preflight(
             close = getattr(sampler, "close", None)
             if close is not None:
                 close()
-        datums = build_training_datums(result.trajectories, config.train.max_train_tokens)
         numerics = measure_mismatch(service, config, init_from, result.trajectories)
+    datums = build_training_datums(result.trajectories, config.train.max_train_tokens)
     trained = trained_tokens(datums)
     return replace(assess(result, config, trained=trained, model=model), numerics=numerics)
 
@@ -387,9 +383,6 @@ def measure_mismatch(
     """
     if config.model.backend != "local":
         return f"chosen by {config.model.backend}; the run logs train/sampler_kl per step"
-    from retool.training.datum import build_datum, datum_loss_tokens
-    from retool.training.loop import resolve_checkpoint
-
     if init_from:
         trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
     elif config.model.lora_rank > 0:
@@ -409,13 +402,10 @@ def measure_mismatch(
     if not datums:
         return f"{summary}; no sampled tokens to measure the mismatch on"
     total = clipped = tokens = 0.0
-    clip = {
-        "clip_low_threshold": config.train.clip_low,
-        "clip_high_threshold": config.train.clip_high,
-    }
-    step = config.train.micro_batch_items
-    for start in range(0, len(datums), step):
-        out = trainer.forward(datums[start : start + step], "ppo", clip).result()
+    train = config.train
+    clip = {"clip_low_threshold": train.clip_low, "clip_high_threshold": train.clip_high}
+    for start in range(0, len(datums), train.micro_batch_items):
+        out = trainer.forward(datums[start : start + train.micro_batch_items], "ppo", clip).result()
         n = out.metrics["loss_tokens"]
         total += out.metrics["sampler_kl"] * n
         clipped += out.metrics["sampler_clip_fraction"] * n
