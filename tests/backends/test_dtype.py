@@ -19,7 +19,7 @@ from retool.types import AdamParams, Datum, ModelInput, SamplingParams, TensorDa
 
 SHAPES = ModelShapes(hidden=64, intermediate=128, kv=32, vocab=1000, layers=2)
 SMOLLM2 = ModelShapes(hidden=576, intermediate=1536, kv=192, vocab=49152, layers=30)
-HOST = {"cpu": "test", "flags": "avx2"}
+HOST = {"cpu": "test", "flags": "avx512_bf16 amx_bf16 avx2"}  # a host where bf16 may pay
 
 
 def test_bf16_is_chosen_only_beyond_the_margin():
@@ -67,13 +67,21 @@ def test_auto_never_picks_bf16_on_noise_and_explicit_values_are_not_measured():
         assert calls == []
 
 
+def test_a_cpu_without_bf16_instructions_stays_float32_unmeasured():
+    timer, calls = _timer({16: 10.0, 4096: 10.0})
+    avx2 = {"cpu": "test", "flags": "avx2"}
+    numerics = resolve_numerics("auto", SMOLLM2, Workload(16, 4096), timer=timer, host=avx2)
+    assert numerics.all_float32 and calls == []
+    assert "no bf16 instructions on this CPU" in numerics.summary()
+
+
 def test_a_tiny_model_stays_float32_unmeasured():
     timer, calls = _timer({8: 10.0, 65536: 10.0})
     numerics = resolve_numerics("auto", SHAPES, Workload(8, 65536), timer=timer, host=HOST)
     # Decoding 8 rows is ~2 MFLOP: not measured; 65536 training positions are 18 GFLOP.
     assert numerics.sampler == "float32" and calls[0] == (65536, "float32")
     assert numerics.trainer == "bfloat16"
-    assert "sampler too small to measure at 8 rows" in numerics.summary()
+    assert "sampler not measured at 8 rows" in numerics.summary()
 
 
 def test_the_real_timer_measures_and_stops_early():

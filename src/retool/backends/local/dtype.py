@@ -24,7 +24,13 @@ as its running total passes what float32 needed for all the shapes (it can no
 longer win). On an AVX2 host the whole measurement takes well under a second.
 
 A role whose step is under :data:`MIN_FLOP` (``tiny-random``'s decode) is not
-measured and stays float32: microseconds of work are timing noise.
+measured and stays float32: microseconds of work are timing noise. A CPU
+without bf16 instructions (no ``avx512_bf16``/``amx_bf16`` on x86, like this
+AVX2 host) is not measured either and stays float32 for both roles: torch
+converts to float32 around every product there, so bf16 can only lose, and
+on a machine loaded by other jobs the one-token forward once read 1.22x
+faster in bf16 (against 0.43-0.94x in calmer runs): a measurement there would
+let noise choose.
 
 Explicit ``float32`` / ``bfloat16`` win and are not measured; ``float16``
 keeps its old meaning (the model held in float16 for both roles). What bf16
@@ -144,11 +150,15 @@ class Numerics:
         parts = []
         for t in self.timings:
             if t.float32_s == 0:
-                parts.append(f"{t.role} too small to measure at {t.rows} rows")
+                parts.append(f"{t.role} not measured at {t.rows} rows")
                 continue
             speed = f"{'<= ' if t.stopped_early else ''}{t.speedup:.2f}x"
             parts.append(f"{t.role} bf16 {speed} at {t.rows} rows")
         need = f"bf16 needs >= {BF16_MARGIN}x"
+        if not any(t.float32_s for t in self.timings) and not has_bf16_instructions(
+            self.host.get("flags", "")
+        ):
+            need = "no bf16 instructions on this CPU"
         return f"{text} (auto: {', '.join(parts)}; {need}; flags {self.host.get('flags', '?')})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,6 +210,15 @@ def cpu_flags() -> str:
             break
     present = [f for f in BF16_FLAGS if f in found]
     return " ".join(present) or "none"
+
+
+def has_bf16_instructions(flags: str) -> bool:
+    """Whether the CPU computes in bf16 natively (x86 AVX-512 BF16 / AMX, or ARM's bf16)."""
+    present = set(flags.split())
+    if present & {"avx512_bf16", "amx_bf16"}:
+        return True
+    # Not x86 (ARM, ...): not checked here, so the measurement decides.
+    return platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
 def cpu_name() -> str:
@@ -295,7 +314,7 @@ def time_model_decode(model: Any, device: str = "cpu") -> Timer:
             copies.clear()  # one extra copy alive at a time
             copies[dtype] = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
         target = copies[dtype]
-        ids = torch.randint(0, shapes.vocab, (rows, 1), device=device)
+        ids = torch.randint(0, shapes.vocab, (rows, 1), device=device)  # one decode step
         best = float("inf")
         with torch.no_grad():
             for attempt in range(3):  # a warm-up, then best of 2
@@ -334,6 +353,15 @@ def resolve_numerics(
         return Numerics(requested, requested, requested, (), info)
     if shapes is None:
         raise ValueError("dtype auto needs the model's shapes")
+    if not device.startswith("cuda") and not has_bf16_instructions(info.get("flags", "")):
+        # No bf16 arithmetic: torch converts to float32 around every product, so bf16 can
+        # only lose (4-28x slower products here; the whole-model decode 0.4-0.9x, measured
+        # 2026-12-01), and under a loaded machine timing noise once read 1.22x.
+        timings = tuple(
+            RoleTiming(role, rows, 0.0, 0.0, "float32", True)
+            for role, rows in (("sampler", workload.decode_rows), ("trainer", workload.train_rows))
+        )
+        return Numerics("auto", "float32", "float32", timings, info)
     key = (shapes, workload, device, sampler_timer is not None)
     if timer is None and key in _MEASURED:  # one measurement per process and shape
         return _MEASURED[key]
