@@ -263,9 +263,10 @@ def run(args: argparse.Namespace) -> int:
     full = eval_settings(settings, rollout, n=n, examples=examples, tools=tools, seed_step=0)
     resume = check_resumable(output, full)  # refuse other settings before loading anything
 
-    from retool.backends import open_sampling_client, open_sandbox, service_client
+    from retool.backends import open_sampling_client, service_client
     from retool.evaluation import evaluate
     from retool.reward import default_checker, load_reward_function
+    from retool.sandbox import open_sandbox
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)

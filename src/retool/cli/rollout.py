@@ -141,9 +141,10 @@ def run(args: argparse.Namespace) -> int:
 
         scorer = load_reward_function(config.reward.function)
 
-    from retool.backends import open_sampling_client, open_sandbox, service_client
+    from retool.backends import open_sampling_client, service_client
     from retool.reward import default_checker
     from retool.rollout import rollout_batch
+    from retool.sandbox import open_sandbox
 
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = None if args.no_tools else open_sandbox(config.sandbox)  # its limits fail fast

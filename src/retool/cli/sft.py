@@ -134,10 +134,10 @@ def _demo_split(spec: str) -> str:
 
 
 def run_make_demos(args: argparse.Namespace) -> int:
-    from retool.backends import open_sandbox
     from retool.config import load_config
     from retool.data.demo import demo_problems
     from retool.data.files import check_output_file
+    from retool.sandbox import open_sandbox
     from retool.training.sft_data import make_demonstrations, write_conversations
 
     training = {

@@ -320,10 +320,11 @@ def run_preflight(
     progress: Any = None,
 ) -> PreflightReport:
     """Roll out ``questions`` x ``group_size`` (default ``rollout.group_size``) and assess."""
-    from retool.backends import open_sandbox, service_client
+    from retool.backends import service_client
     from retool.data import load_dataset, take_batch
     from retool.reward import default_checker, load_reward_function
     from retool.rollout import rollout_batch
+    from retool.sandbox import open_sandbox
     from retool.training.datum import build_training_datums
 
     if questions < 1:

@@ -47,8 +47,8 @@ def run_selfcheck(
     log: Callable[[str], None] = lambda _: None,
 ) -> SelfCheckReport:
     """Drive ``problems``' reference solutions through prompt, parse, sandbox and reward."""
-    from retool.backends import open_sandbox
     from retool.backends.local.models import load_tokenizer
+    from retool.sandbox import open_sandbox
 
     dialect = get_protocol(config.rollout.protocol)
     tokenizer = load_tokenizer(config.model.base_model)

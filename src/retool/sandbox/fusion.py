@@ -33,11 +33,12 @@ is refused before anything is sent, with the local sandbox's result
 the same ranges. The snippet is sent wrapped in a small driver
 (:func:`remote_program`) that runs it exactly as the local fork server does:
 compiled as ``<code>`` after the same AST auto-print
-(:mod:`retool.sandbox.autoprint`, shipped as source), and with a copy of the
-server's runtime, so a failure shows only the code's frames and its
-libraries' (never the driver's, also when the code closes stderr, empties
-``sys.modules`` or replaces ``os._exit`` or ``traceback``), compile failures
-as the code's own error, the same ``SystemExit`` handling and exit status, and
+(:mod:`retool.sandbox.autoprint`, shipped as source), by the fork server's own
+runtime (:mod:`retool.sandbox.runtime`, shipped as source too), so a failure
+shows only the code's frames and its libraries' (never the driver's, also
+when the code closes stderr, empties ``sys.modules`` or replaces ``os._exit``
+or ``traceback``), compile failures as the code's own error, the same
+``SystemExit`` handling and exit status, and
 the local calls' thread caps and matplotlib backend in ``os.environ``. Output
 is cut to the tail of ``max_output_bytes`` and sanitized as locally. What
 differs is the service's: its interpreter and packages (nothing is
@@ -104,114 +105,24 @@ _SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  #
 _CALL_ENV = {
     k: v for k, v in sandbox_env().items() if k.endswith("_NUM_THREADS") or k == "MPLBACKEND"
 }
-_AUTOPRINT_SOURCE = (Path(__file__).resolve().parent / "autoprint.py").read_text(encoding="utf-8")
-# The local fork server's runtime (server.py: _ours, _trim, _describe, _write_text,
-# _run_code, _exit_status), for the plain interpreter that runs the program sent.
-# It is compiled as "<retool-runtime>" and the auto-print as "<retool-autoprint>":
-# those are the frames trimmed here, as the runtime directory's are there. Standard
-# library only, Python 3.8 syntax (the service's interpreter may be older than ours),
-# no annotations. Keep the two in step: test_fusion.py runs the same snippets on both
-# (test_same_results_as_the_local_sandbox) and compares every field.
-_RUNTIME = """
-import builtins, contextlib, os, sys, traceback
-
-# Bound before the code runs: the code may replace these in os and traceback, and
-# the epilogue of _run_code (after the code) must still work.
-_write, _exit = os.write, os._exit
-_TracebackException = traceback.TracebackException
-_format_exception_only = traceback.format_exception_only
-_OWN_FILES = ("<retool-runtime>", "<retool-autoprint>")
-
-
-def _ours(filename):
-    return filename in _OWN_FILES or filename.startswith("<frozen importlib._")
-
-
-def _trim(te, seen):
-    if id(te) in seen:
-        return
-    seen.add(id(te))
-    te.stack[:] = [frame for frame in te.stack if not _ours(frame.filename)]
-    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
-        if other is not None:
-            _trim(other, seen)
-
-
-def _describe(exc):
-    try:
-        te = _TracebackException.from_exception(exc)
-        _trim(te, set())
-        return "".join(te.format())
-    except BaseException:
-        try:
-            return "".join(_format_exception_only(type(exc), exc))
-        except BaseException:
-            return "Error: the code raised an exception that cannot be shown\\n"
-
-
-def _write_text(fd, text):
-    data = memoryview(text.encode("utf-8", "backslashreplace"))
-    with contextlib.suppress(OSError):
-        while data:
-            data = data[_write(fd, data) :]
-
-
-def _run_code(code, add_autoprint):
-    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
-    sys.stdout, sys.stderr = out, err
-    sys.argv = ["<code>"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    status, message = 0, ""
-    try:
-        program = compile(add_autoprint(code), "<code>", "exec")
-    except BaseException as exc:
-        _write_text(2, _describe(exc))
-        return 1
-    try:
-        exec(program, namespace)
-    except SystemExit as exc:
-        status, message = _exit_status(exc)
-    except BaseException as exc:
-        status, message = 1, _describe(exc)
-    streams = [sys.stdout, sys.stderr, out, err]
-    for stream in [s for i, s in enumerate(streams) if all(s is not t for t in streams[:i])]:
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if message:
-        _write_text(2, message)
-    return status
-
-
-def _exit_status(exc):
-    code = exc.code
-    if code is None:
-        return 0, ""
-    if isinstance(code, int):
-        return code, ""
-    try:
-        return 1, f"{code}\\n"
-    except BaseException:
-        return 1, "<exit message str() failed>\\n"
-
-
-os.environ.update(_ENV)  # before the code imports numpy & co., which read them once
-_autoprint = {"__name__": "retool_autoprint"}
-exec(compile(_AUTOPRINT, "<retool-autoprint>", "exec"), _autoprint)
-_exit(_run_code(_CODE, _autoprint["add_autoprint"]) & 0xFF)
-"""
+# Shipped as source to the service: the auto-print and the runtime the local fork
+# server imports (one module, runtime.py, for both), so the code runs the same way.
+_HERE = Path(__file__).resolve().parent
+_AUTOPRINT_SOURCE = (_HERE / "autoprint.py").read_text(encoding="utf-8")
+_RUNTIME_SOURCE = (_HERE / "runtime.py").read_text(encoding="utf-8")
 
 
 def remote_program(code: str) -> str:
-    """The Python file sent for ``code``: the runtime above, run on the code.
+    """The Python file sent for ``code``: :mod:`retool.sandbox.runtime`, run on the code.
 
     Every part is an ASCII literal, so the service's file encoding cannot
     matter (``ascii()`` is lossless). The runtime runs in a namespace of its
-    own, not in the file's ``__main__``, which the code can import.
+    own named ``retool_runtime`` (its guard then runs the code), not in the
+    file's ``__main__``, which the code can import.
     """
     return (
         f"_AUTOPRINT = {_AUTOPRINT_SOURCE!a}\n_CODE = {code!a}\n_ENV = {_CALL_ENV!a}\n"
-        f"_RUNTIME = {_RUNTIME!a}\n"
+        f"_RUNTIME = {_RUNTIME_SOURCE!a}\n"
         'exec(compile(_RUNTIME, "<retool-runtime>", "exec"), {"__name__": "retool_runtime", '
         '"_AUTOPRINT": _AUTOPRINT, "_CODE": _CODE, "_ENV": _ENV})\n'
     )

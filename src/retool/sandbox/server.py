@@ -40,7 +40,6 @@ Wire format: 4-byte big-endian length + JSON, both directions.
 from __future__ import annotations
 
 import argparse
-import builtins
 import contextlib
 import fcntl
 import importlib
@@ -61,6 +60,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cgroups, landlock, linux, seccomp
+from .autoprint import add_autoprint
+from .runtime import exit_now, run_code, write_text
 
 FULL, BASIC = "full", "basic"
 UID_BASE = 1_500_000_000  # sandbox uids (root server): one block of UID_BLOCK per instance
@@ -219,103 +220,6 @@ def _reseed() -> None:
         numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
-# Bound at import: the call's code may replace these in ``os`` and ``traceback``,
-# and the epilogue of _run_code (after the code) must still work.
-_write, _exit = os.write, os._exit
-_TracebackException, _format_exception_only = (
-    traceback.TracebackException,
-    traceback.format_exception_only,
-)
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _ours(filename: str) -> bool:
-    """A frame of the sandbox runtime, or of the import machinery (hidden by Python too)."""
-    return filename.startswith(_RUNTIME_DIR) or filename.startswith("<frozen importlib._")
-
-
-def _trim(te: traceback.TracebackException, seen: set[int]) -> None:
-    """Drop our frames from ``te``, its causes, contexts and group members (in place)."""
-    if id(te) in seen:
-        return
-    seen.add(id(te))
-    te.stack[:] = [frame for frame in te.stack if not _ours(frame.filename)]
-    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
-        if other is not None:
-            _trim(other, seen)
-
-
-def _describe(exc: BaseException) -> str:
-    """The code's traceback with only the code's frames (and its libraries')."""
-    try:
-        te = _TracebackException.from_exception(exc)
-        _trim(te, set())
-        return "".join(te.format())
-    except BaseException:  # the code broke traceback/linecache: the last line only
-        try:
-            return "".join(_format_exception_only(type(exc), exc))
-        except BaseException:
-            return "Error: the code raised an exception that cannot be shown\n"
-
-
-def _write_text(fd: int, text: str) -> None:
-    data = memoryview(text.encode("utf-8", "backslashreplace"))
-    with contextlib.suppress(OSError):  # the code may have closed fd 2
-        while data:
-            data = data[_write(fd, data) :]
-
-
-def _run_code(code: str) -> int:
-    """Run ``code`` as ``__main__``; its exit status. Never raises.
-
-    What the call sees of a failure is its own: a syntax error, or a
-    traceback of its frames and its libraries' frames, never this runtime's.
-    The epilogue uses only objects bound before the code ran, so code that
-    closes or replaces ``sys.stdout``/``sys.stderr``, empties ``sys.modules``,
-    or replaces builtins and ``os`` functions cannot turn it into a traceback
-    of ours.
-    """
-    from .autoprint import add_autoprint
-
-    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.stdout, sys.stderr = out, err
-    sys.argv = ["<code>"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    status, message = 0, ""
-    try:
-        program = compile(add_autoprint(code), "<code>", "exec")
-    except BaseException as exc:  # SyntaxError, NUL bytes, nesting too deep, surrogates
-        _write_text(2, _describe(exc))
-        return 1
-    try:
-        exec(program, namespace)
-    except SystemExit as exc:
-        status, message = _exit_status(exc)
-    except BaseException as exc:  # KeyboardInterrupt and other BaseExceptions too
-        status, message = 1, _describe(exc)
-    streams = [sys.stdout, sys.stderr, out, err]  # the code's replacements first
-    for stream in [s for i, s in enumerate(streams) if all(s is not t for t in streams[:i])]:
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if message:
-        _write_text(2, message)
-    return status
-
-
-def _exit_status(exc: SystemExit) -> tuple[int, str]:
-    """``sys.exit(x)`` as Python reports it: int -> status; anything else -> 1 and str(x)."""
-    code = exc.code
-    if code is None:
-        return 0, ""
-    if isinstance(code, int):
-        return code, ""
-    try:
-        return 1, f"{code}\n"
-    except BaseException:
-        return 1, "<exit message str() failed>\n"
-
-
 @dataclass(frozen=True)
 class CallSpec:
     """What the zygote decided for one call (no request data in here)."""
@@ -398,11 +302,11 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
         os.close(ready_w)
         _reseed()
-        status = _run_code(request["code"]) & 0xFF
+        status = run_code(request["code"], add_autoprint) & 0xFF
     except BaseException:
         with contextlib.suppress(BaseException):
-            _write_text(2, "sandbox setup failed: " + traceback.format_exc())
-    _exit(status & 0xFF)
+            write_text(2, "sandbox setup failed: " + traceback.format_exc())
+    exit_now(status & 0xFF)
 
 
 _FRESH_BOOT = (
@@ -418,11 +322,9 @@ def run_file() -> None:
     with open(path, encoding="utf-8", errors="surrogatepass") as handle:
         code = handle.read()
     os.unlink(path)
-    from .autoprint import add_autoprint  # noqa: F401 - imported before the code runs
-
     os.write(ready_w, b"1")
     os.close(ready_w)
-    _exit(_run_code(code) & 0xFF)
+    exit_now(run_code(code, add_autoprint) & 0xFF)
 
 
 def _child_b(

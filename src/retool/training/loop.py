@@ -509,10 +509,10 @@ def train(
     progress: bool = True,
 ) -> RunDirectory:
     """Run (or resume) RL training as ``config`` says; returns the run directory."""
-    from retool.backends import open_sandbox
     from retool.data import load_dataset, take_batch
     from retool.reward import default_checker, load_reward_function
     from retool.rollout import rollout_batch
+    from retool.sandbox import open_sandbox
     from retool.training.aggregation import scale_advantages
     from retool.training.datum import build_training_datums
 
