@@ -79,7 +79,8 @@ from urllib.parse import urlsplit
 
 from retool.config import check_number
 from retool.errors import ConfigError, SandboxError
-from retool.protocol.sanitize import sanitize_observation
+from retool.protocol.sanitize import escape_control, sanitize_observation
+from retool.sandbox import jsontail
 from retool.sandbox.limits import (
     MAX_OUTPUT_BYTES,
     MAX_TIMEOUT_S,
@@ -96,6 +97,8 @@ log = logging.getLogger(__name__)
 
 ISOLATION = "remote"  # ExecResult.isolation: whatever the service provides
 MAX_REPLY_BYTES = 4 * MAX_FILE_BYTES + (1 << 20)  # both streams at the local cap, JSON-escaped
+_MAX_ENVELOPE_BYTES = 1 << 20  # a reply's JSON but the long strings' contents
+_MAX_ERROR_BYTES = 1 << 16  # read of a non-200 reply's body
 MAX_REQUEST_RETRIES = 100  # retries of one call (more against a down service is a hang)
 _MAX_BACKOFF_S = 30.0  # longest wait before a retry, whatever request_backoff says
 _SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  # as LocalSandbox
@@ -375,9 +378,9 @@ class FusionSandbox:
                 hint = " (is sandbox.url the service's address?)" if status in (404, 405) else ""
                 raise _Final(f"SandboxFusion answered HTTP {status}{hint}: {_excerpt(data)}")
             try:
-                reply = json.loads(data)
+                reply = data
                 outcome = reply["status"]
-            except (ValueError, TypeError, KeyError):
+            except (TypeError, KeyError):
                 raise _Final(f"SandboxFusion sent a malformed reply: {_excerpt(data)}") from None
             if outcome == "SandboxError":
                 why = f"SandboxFusion reported SandboxError: {_excerpt(reply.get('message'))}"
@@ -385,8 +388,14 @@ class FusionSandbox:
             return reply
         raise _Final(f"{why} (after {attempts} attempt{'s' * (attempts > 1)})")
 
-    def _exchange(self, body: bytes, read_timeout: float) -> tuple[int, bytes]:
-        """One POST: (HTTP status, body). Raises ``_Retry`` when nothing came back.
+    def _exchange(self, body: bytes, read_timeout: float) -> tuple[int, Any]:
+        """One POST: (HTTP status, the decoded reply for 200, else the body's start).
+
+        Raises ``_Retry`` when nothing came back, ``_TooLarge`` past
+        ``MAX_REPLY_BYTES``, ``_Final`` for a reply that is not JSON. A reply
+        is read in pieces and only the tails this client keeps of its long
+        strings (stdout, stderr) are held (:mod:`retool.sandbox.jsontail`), so
+        memory per call does not grow with what the code printed.
 
         A pooled connection that fails before the reply's first byte was most
         likely closed by the server while idle: one fresh connection follows
@@ -403,7 +412,7 @@ class FusionSandbox:
                         self.attempts += 1
                     conn.request("POST", self.endpoint.path, body, headers)
                     response = conn.getresponse()
-                    data = response.read(MAX_REPLY_BYTES + 1)
+                    data: Any = self._read_body(response)
                 except TimeoutError:
                     raise _Final(
                         f"no reply from SandboxFusion at {self.url} within {read_timeout:g} s"
@@ -419,17 +428,30 @@ class FusionSandbox:
                     raise _Retry(
                         f"the exchange with SandboxFusion failed: {_reason(exc)}"
                     ) from None
-                if len(data) > MAX_REPLY_BYTES:
-                    raise _TooLarge()
             except BaseException:
                 self._discard(conn)
                 raise
-            if response.will_close:
+            if response.will_close or not response.isclosed():  # an error page left unread
                 self._discard(conn)
             else:
                 self._checkin(conn)
             return response.status, data
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read_body(self, response: http.client.HTTPResponse) -> Any:
+        if response.status != 200:  # an error page: its start is all a message shows
+            return response.read(_MAX_ERROR_BYTES)
+        try:
+            return jsontail.read(
+                response.read,
+                keep=self.max_output_bytes,
+                envelope=_MAX_ENVELOPE_BYTES,
+                limit=MAX_REPLY_BYTES,
+            )
+        except OverflowError:
+            raise _TooLarge() from None
+        except ValueError as exc:  # not JSON (UnicodeDecodeError included)
+            raise _Final(f"SandboxFusion sent a malformed reply: {exc}") from None
 
     # -- the connection pool ----------------------------------------------------
     def _connect(self, conn: http.client.HTTPConnection) -> None:
@@ -490,13 +512,18 @@ class FusionSandbox:
         )
 
     def _tail(self, text: Any) -> tuple[str, bool, int]:
-        """(the last ``max_output_bytes`` bytes, sanitized; whether cut; the full size)."""
+        """(the last ``max_output_bytes`` bytes, sanitized; whether cut; the full size).
+
+        A long string arrives as a :class:`jsontail.Cut` (its last
+        ``max_output_bytes`` characters, so at least that many bytes, and the
+        whole string's size)."""
         data = (text if isinstance(text, str) else "").encode("utf-8", errors="replace")
+        size = text.size if isinstance(text, jsontail.Cut) else len(data)
         kept = data[-self.max_output_bytes :]
         return (
             sanitize_observation(kept.decode("utf-8", errors="replace")),
-            len(kept) < len(data),
-            len(data),
+            len(kept) < size,
+            size,
         )
 
     def _to_result(self, reply: dict[str, Any], latency: float) -> ExecResult:
@@ -573,7 +600,7 @@ class FusionSandbox:
 def _excerpt(value: Any, limit: int = 300) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="replace")
-    text = " ".join(str(value if value is not None else "").split())
+    text = escape_control(" ".join(str(value if value is not None else "").split()))
     return text if len(text) <= limit else text[:limit] + "..."
 
 
