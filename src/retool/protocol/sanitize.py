@@ -20,9 +20,9 @@ invisibly after any letter). They become ``\\u202e`` / ``\\U000e0041``-style
 text. Three are kept: the zero-width joiner and non-joiner (U+200C, U+200D),
 which shape Persian and Indic words and emoji, and the zero-width space
 (U+200B), which is our own defuser (so sanitizing twice changes nothing);
-none of them can reorder or hide other text. The ranges are spelled out below rather than computed from
-``unicodedata`` at import (a pass over 1.1 M code points); a test checks them
-against the running Python's Unicode tables.
+none of them can reorder or hide other text. The ranges are spelled out
+below rather than computed from ``unicodedata`` at import (a pass over 1.1 M
+code points); a test checks them against the running Python's Unicode tables.
 
 Every place that shows sandbox or model output uses :func:`escape_control`:
 observations (:func:`sanitize_observation`, for both sandboxes and the

@@ -259,6 +259,7 @@ class FusionSandbox:
         self.isolation_level = ISOLATION
         self.degraded = False
         self.missing: list[str] = []
+        self.layers: list[str] = []
         self.preloaded: list[str] = []
         self.connections_opened = 0  # TCP connections made (at most max_workers live)
         self.attempts = 0  # HTTP requests sent, retries included

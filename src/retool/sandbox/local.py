@@ -284,6 +284,7 @@ class LocalSandbox:
         ready = json.loads(line)
         level = IsolationLevel(ready["level"])
         self.missing = list(ready["missing"])
+        self.layers = list(ready.get("layers", []))  # what isolates each call, one line each
         self.preloaded = list(ready["preloaded"])
         self._cgroup = ready.get("cgroup")
         if self.isolation == "strict" and level != IsolationLevel.FULL:

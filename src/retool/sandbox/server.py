@@ -407,6 +407,8 @@ def run_file() -> None:
     """Entry point of fresh-interpreter mode: run the file ``argv[1]`` after telling
     B on fd ``argv[2]`` that set-up is done (and closing that fd)."""
     path, ready_w = sys.argv[1], int(sys.argv[2])
+    with contextlib.suppress(OSError):  # its arguments name the work directory
+        linux.hide_command_line("retool-sandbox")
     with open(path, encoding="utf-8", errors="surrogatepass") as handle:
         code = handle.read()
     os.unlink(path)
