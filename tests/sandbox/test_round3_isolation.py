@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -245,3 +246,16 @@ def test_the_same_holds_for_a_non_root_trainer():
     _check_host_facts(json.loads(out["facts"]), out["dir"])
     assert out["a"].strip() == "received nothing", out
     assert out["b"].strip() == str({"sent": False, "listed": False, "collided": False}), out
+
+
+def test_sandbox_check_lists_every_layer():
+    retool = os.path.join(os.path.dirname(sys.executable), "retool")
+    out = subprocess.run(
+        [retool, "sandbox", "check"], capture_output=True, text=True, check=False, timeout=120
+    )
+    layers = [line for line in out.stdout.splitlines() if line.startswith("layer: ")]
+    if "isolation level: full" not in out.stdout:
+        pytest.skip("full isolation is not available here")
+    listed = "\n".join(layers)
+    for words in ("network namespace per call", "cgroup namespace", "minimal /etc", "seccomp"):
+        assert words in listed, out.stdout

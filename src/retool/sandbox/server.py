@@ -851,11 +851,31 @@ CALL_LAYERS = {
 }
 
 
-def call_layers(level: str, off: frozenset[str] = frozenset()) -> list[str]:
+def call_layers(
+    level: str,
+    off: frozenset[str] = frozenset(),
+    *,
+    real_root: bool = True,
+    use_seccomp: bool = True,
+    cgroup: bool = True,
+    landlock_abi: int = 0,
+) -> list[str]:
     """What isolates each call at ``level``, one line per layer (``retool sandbox check``)."""
+    common = [
+        "an empty environment, its own working directory, no trainer module importable",
+        "a uid of its own per call" if real_root else "every capability dropped",
+        "no_new_privs; rlimits (address space, file size, open files, CPU)",
+    ]
+    if use_seccomp:
+        common.append(
+            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets)"
+        )
+    if cgroup:
+        common.append("a cgroup per call (memory, processes, killed whole after the call)")
     if level != FULL:
-        return []
+        return common + ([f"Landlock (ABI {landlock_abi})"] if landlock_abi else [])
     layers = [
+        *common,
         "PID namespace per call (its init reports the exit status)",
         "mount namespace per call: read-only root of the OS, the interpreter and "
         "site-packages; private /tmp and /dev/shm; fresh /proc; five /dev nodes",
@@ -1101,7 +1121,14 @@ def main(argv: list[str] | None = None) -> None:
         missing += [f"{CALL_LAYERS[name]} (disabled)" for name in sorted(off)]
     ready = {
         "level": level,
-        "layers": call_layers(level, off),
+        "layers": call_layers(
+            level,
+            off,
+            real_root=real_root,
+            use_seccomp=use_seccomp,
+            cgroup=group is not None and group.killable,
+            landlock_abi=landlock_abi,
+        ),
         "missing": missing,
         "preloaded": preloaded,
         "pid": os.getpid(),
