@@ -198,9 +198,10 @@ def run_train(args: argparse.Namespace) -> int:
     run_dir = preflight(args, config, evaluation=False)
     load_conversations(data)  # every line checked before a model loads
 
+    from retool.training.run_dir import released
     from retool.training.sft import run_sft
 
-    with run_dir_rollback(run_dir):
+    with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = run_sft(
             config,
             data,

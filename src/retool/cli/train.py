@@ -49,8 +49,11 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
     check_run_dir(
         run_dir, resume=args.resume, flag="--run-dir" if args.run_dir else "train.run_dir"
     )
+    from retool.training.run_dir import check_run_dir_free
+
+    check_run_dir_free(run_dir)  # a second writer is refused before anything loads
     if args.init_from and not args.resume:
-        from retool.training.loop import resolve_checkpoint
+        from retool.training.provenance import resolve_checkpoint
 
         resolve_checkpoint(args.init_from)
     check_tracker(args.tracker)
@@ -86,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
         load_reward_function(config.reward.function)
 
     from retool.training.loop import train
+    from retool.training.run_dir import released
 
-    with run_dir_rollback(run_dir):
+    with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = train(
             config,
             run_dir=run_dir,

@@ -37,13 +37,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from retool.config import RunConfig
-from retool.errors import ConfigError, RetoolError
+from retool.errors import ConfigError
 from retool.training.cost import SpendLedger, StepTokens, step_tokens
 from retool.training.faults import crash_point
+from retool.training.provenance import RunInputs, recorded_init_from, resolve_checkpoint
 from retool.training.run_dir import RunDirectory
 
 
@@ -189,22 +189,6 @@ def save_checkpoint(run: RunDirectory, trainer: Any, step: int, state: LoopState
     state.checkpointed = step
 
 
-def resolve_checkpoint(spec: str) -> Path:
-    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
-    path = Path(spec)
-    if (path / "retool_state.json").is_file():
-        return path
-    if (path / "checkpoints.jsonl").is_file():
-        record = RunDirectory(path).last_checkpoint()
-        if record is None:
-            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
-        return Path(record.state_path)
-    raise RetoolError(
-        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
-        "(no checkpoints.jsonl)"
-    )
-
-
 def open_trainer(
     service: Any, config: RunConfig, run: RunDirectory, resume: bool, init_from: str | None
 ) -> tuple[Any, int, LoopState]:
@@ -218,6 +202,7 @@ def open_trainer(
         return trainer, last.step, state
     if resume:
         run.rewind(0)  # killed before the first checkpoint: start over, keep step 1's journal
+        init_from = recorded_init_from(run.inputs_path)  # what the run started from
     if init_from:
         trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
     elif config.model.lora_rank > 0:
@@ -336,13 +321,16 @@ class Session:
         progress: bool,
         per_step: int,
         unit: str,
+        inputs: RunInputs | None = None,
     ) -> None:
         from retool.backends import service_client
         from retool.types import AdamParams
 
         cfg = self.cfg = config.train
         self.config = config
-        self.run = RunDirectory.open(run_dir or cfg.run_dir, config, resume)
+        self.run = RunDirectory.open(
+            run_dir or cfg.run_dir, config, resume, inputs=inputs, init_from=init_from
+        )
         self.sink = None
         if tracker:
             from retool.tracking import make_tracker
@@ -372,10 +360,7 @@ class Session:
             weight_decay=cfg.weight_decay,
             grad_clip_norm=cfg.grad_clip_norm,
         )
-        self.run.log(
-            f"{'resuming after' if self.start else 'starting at'} step {self.start}; "
-            f"{cfg.steps} steps"
-        )
+        self.run.announce_start(self.start, resume, config.rollout.group_size)
         self.display = Display(cfg.steps, self.start, per_step, progress, unit)
         self.guard = InterruptGuard()
 
@@ -408,6 +393,7 @@ class Session:
                 yield self
         finally:
             self.display.close()
+            self.run.close()
             if self.sink is not None:
                 self.sink.close()
             close = getattr(self.service, "close", None)
@@ -515,6 +501,7 @@ def train(
     from retool.rollout import rollout_batch
     from retool.training.aggregation import scale_advantages
     from retool.training.datum import build_training_datums
+    from retool.training.provenance import digest_records
 
     cfg = config.train
     examples = load_dataset(config.data.train)
@@ -528,6 +515,7 @@ def train(
         progress=progress,
         per_step=cfg.questions_per_batch * config.rollout.group_size,
         unit="traj",
+        inputs=RunInputs("rl", config.data.train, digest_records(examples)),
     )
     checker = None if scorer else default_checker(workers=config.reward.workers)
     trainer, run, display = session.trainer, session.run, session.display
@@ -653,7 +641,10 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
-                progress=lambda event: session.display.advance(event.count),
+                progress=lambda event: (
+                    session.display.advance(event.count),
+                    crash_point("eval", step),
+                ),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
                 checker=self.checker,

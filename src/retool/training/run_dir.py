@@ -54,6 +54,7 @@ import dataclasses
 import gzip
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ from retool.data.examples import MathExample
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
 from retool.training import provenance, run_lock
+from retool.training.faults import crash_point
 
 # Keys that may differ on --resume: how long to run, how often to save, and the
 # spend limits (a budget stop tells the user to raise them and resume).
@@ -239,6 +241,15 @@ class Journal:
             if set(members) == set(range(group_size))
         }
 
+    def complete_group_count(self, group_size: int) -> int:
+        """Question slots with a whole group journaled (what a resume reuses)."""
+        by_slot: dict[int, set[int]] = {}
+        for record in _read_jsonl(self.path):
+            slot, group = record.get("question_index"), record.get("group_index")
+            if isinstance(slot, int) and isinstance(group, int):
+                by_slot.setdefault(slot, set()).add(group)
+        return sum(1 for groups in by_slot.values() if groups >= set(range(group_size)))
+
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
@@ -381,6 +392,18 @@ class RunDirectory:
             )
         return line
 
+    def announce_start(self, start: int, resume: bool, group_size: int) -> None:
+        """Log where the run starts; on --resume, also say it in one line on stderr."""
+        if self.lock_note:
+            print(f"retool: note: {self.lock_note}", file=sys.stderr, flush=True)
+            self.log(self.lock_note)
+        if not resume:
+            self.log("starting at step 0")
+            return
+        line = self.resume_line(start, self.journal(start + 1).complete_group_count(group_size))
+        self.log(line)
+        print(line, file=sys.stderr, flush=True)
+
     # -- checkpoints ---------------------------------------------------------------
     def _locate(self, recorded: str, kind: str) -> str:
         """A manifest path as it is on disk now (see the module docstring)."""
@@ -450,6 +473,7 @@ class RunDirectory:
             json.dumps(r.to_record() if isinstance(r, Trajectory) else r) + "\n" for r in records
         )
         _write_atomic(self.rollouts_path(step), gzip.compress(lines.encode(), mtime=0))
+        crash_point("rollouts", step)
         _append_line(self.metrics_path, {"step": step, **metrics})
         self.journal(step).remove()
 
@@ -473,8 +497,24 @@ class RunDirectory:
         _write_atomic(self.manifest_path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
     def log(self, line: str) -> None:
-        with open(self.log_path, "a", encoding="utf-8") as handle:
+        """Append to ``log.txt``; a full disk loses the line, never the error being handled."""
+        with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+def check_run_dir_free(path: str | os.PathLike[str]) -> None:
+    """Refuse at once (before a model loads) a run directory another process writes."""
+    lock_file = Path(path) / run_lock.RUN_LOCK_NAME
+    run_lock.check_free(lock_file, f"run directory {path}")
+
+
+@contextlib.contextmanager
+def released(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Release this process's lock on a run directory when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        run_lock.release(Path(path) / run_lock.RUN_LOCK_NAME)
 
 
 def read_rollouts(path: Path) -> Iterator[dict[str, Any]]:

@@ -33,6 +33,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -198,7 +199,9 @@ def output_lock_file(output: Path) -> Path:
 def lock_output(output: Path, flag: str) -> None:
     """Hold ``FILE.lock`` for the rest of the process (released at exit, or by the kernel)."""
     lock_file = output_lock_file(output)
-    acquire(lock_file, f"{flag} {output}")
+    note = acquire(lock_file, f"{flag} {output}")
+    if note:
+        print(f"retool: note: {note}", file=sys.stderr, flush=True)
     atexit.register(release, lock_file)
 
 
