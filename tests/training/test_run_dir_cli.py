@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,10 +69,13 @@ def test_killed_runs_resume_from_another_directory_after_a_move_and_as_a_copy(
     for run_dir in (copy, moved):
         resumed = retool_in(other, *args, "--run-dir", str(run_dir), "--resume")
         assert resumed.returncode == 0, resumed.stderr
-        line = "resuming after step 1 from checkpoint step 1; 0 journaled groups reused"
-        assert line in resumed.stderr
+        said = re.search(
+            r"resuming after step 1 from checkpoint step 1; (\d+) journaled", resumed.stderr
+        )
+        assert said, resumed.stderr
         run = RunDirectory(run_dir)
         assert run.completed_steps() == [1, 2]
+        assert run.metrics()[1]["train/reused_groups"] == int(said.group(1))
         assert [r.step for r in run.checkpoints()] == [1, 2]
         assert_same_weights(run_dir, expected)
 

@@ -179,8 +179,10 @@ def check_free(lock_file: Path, what: str) -> None:
     """Refuse at once when another process holds the lock (without taking it)."""
     if not lock_file.exists() or holds(lock_file):
         return
-    acquire(lock_file, what)
+    note = acquire(lock_file, what)
     release(lock_file)
+    if note:
+        print(f"retool: note: {note}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
