@@ -7,10 +7,12 @@ service client, so commands never branch on the backend themselves.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from retool.config import ModelConfig
 from retool.errors import ConfigError
+
+if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
+    from retool.config import ModelConfig
 
 
 def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints") -> Any:

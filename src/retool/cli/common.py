@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from retool.errors import ConfigError
+from retool.interrupts import Interrupted
 
 PRECEDENCE = "a flag > --set > the --config file > the built-in default"
 
@@ -102,7 +103,7 @@ def add_number(
     **kwargs: Any,
 ) -> None:
     """An option whose value is checked (finite, in range) as it is parsed; --help states both."""
-    from retool.config import check_number, format_bound
+    from retool.checks import check_number, format_bound
 
     def parse(text: str) -> int | float:
         try:
@@ -251,8 +252,7 @@ def run_dir_rollback(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        loop = sys.modules.get("retool.training.loop")
-        if loop is not None and isinstance(exc, loop.Interrupted):
+        if isinstance(exc, Interrupted):
             raise  # the loop said "continue with --resume": keep what --resume needs
         if fresh and _only_skeleton(path):
             for name in _SKELETON:

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.cli.common import add_config_options
+from retool.cli import eval as eval_command
+from retool.cli import sft, train
+from retool.cli.common import Parser, add_config_options
 from retool.errors import ConfigError
 
 DEFAULT_CONFIG = Path("configs/demo.toml")
@@ -130,12 +132,19 @@ def _minutes(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _parser() -> argparse.ArgumentParser:
+    """The commands the demo runs (``eval``, ``sft``, ``train``), parsed as ``retool`` does."""
+    parser = Parser(prog="retool")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (eval_command, sft, train):
+        module.add_parser(subparsers)
+    return parser
+
+
 def _command(argv: list[str]) -> None:
     """Run one ``retool`` command in this process, printed as a user would type it."""
-    from retool.cli import build_parser
-
     print(f"$ retool {shlex.join(argv)}", flush=True)
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     status = int(args.handler(args) or 0)
     if status != 0:
         raise ConfigError(f"`retool {argv[0]}` exited with status {status}; see above")

@@ -52,7 +52,7 @@ def epoch_order(num_items: int, batch_size: int, seed: int, epoch: int) -> tuple
 
 def batch_indices(num_items: int, batch_size: int, step: int, seed: int) -> list[int]:
     """Indices of the examples in batch ``step`` (0-based)."""
-    from retool.config import check_number
+    from retool.checks import check_number
 
     check_number("num_items", num_items, integer=True)
     if num_items <= 0:

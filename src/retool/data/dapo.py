@@ -101,7 +101,7 @@ def prepare_dapo_math(
     """
     import pyarrow.parquet as pq
 
-    from retool.config import check_number
+    from retool.checks import check_number
 
     input_path = Path(input_path)
     check_number("--dev-size", dev_size, 0, 10**7, integer=True)

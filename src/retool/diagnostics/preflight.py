@@ -304,7 +304,7 @@ def open_policy(service: Any, config: RunConfig, init_from: str | None) -> tuple
         from retool.backends import open_sampling_client
 
         return open_sampling_client(service, config.model.base_model), config.model.base_model
-    from retool.training.loop import resolve_checkpoint
+    from retool.training.session import resolve_checkpoint
 
     state = resolve_checkpoint(init_from)
     trainer = service.create_training_client_from_state(str(state))

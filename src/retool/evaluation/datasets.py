@@ -184,7 +184,7 @@ def load_eval_examples(
     ``spec``: ``demo`` (the demo test split), ``demo:SPLIT``, a ``.jsonl`` /
     ``.json`` / ``.parquet`` file, or a ``save_to_disk`` directory.
     """
-    from retool.config import check_number
+    from retool.checks import check_number
 
     if not isinstance(spec, str) or not spec.strip():
         raise DataError(

@@ -217,7 +217,7 @@ def _prepare(
     tools: bool,
     seed_step: int,
 ) -> _Prepared:
-    from retool.config import check_number
+    from retool.checks import check_number
 
     check_number("--val-n", n, 1, 1024, integer=True)
     if not isinstance(config, RolloutConfig):

@@ -44,7 +44,7 @@ PERMUTATION_DRAWS = 20000
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct."""
-    from retool.config import check_number
+    from retool.checks import check_number
 
     for name, value in (("n", n), ("c", c), ("k", k)):
         check_number(f"pass_at_k {name}", value, integer=True)
@@ -102,7 +102,7 @@ def bootstrap_ci(
 
 
 def _checked(name: str, values: Sequence[float], resamples: int, level: float) -> np.ndarray:
-    from retool.config import check_number
+    from retool.checks import check_number
 
     check_number(f"{name} resamples", resamples, 1, 10**7, integer=True)
     check_number(f"{name} level", level, 0, 1, low_open=True)

@@ -143,7 +143,7 @@ def _mean(values: list[float]) -> float:
 
 def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
     """Summarize sample rows of an evaluation with ``n`` samples per problem."""
-    from retool.config import check_number
+    from retool.checks import check_number
 
     check_number("summarize n", n, 1, integer=True)
     rows = list(rows)
