@@ -40,6 +40,7 @@ from retool.config import load_config
 from retool.data.demo import demo_problems
 from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
+from retool.training.run_dir import released
 from retool.training.sft import run_sft
 from retool.training.sft_data import load_conversations, make_demonstrations, write_conversations
 
@@ -196,7 +197,7 @@ def run_train(args: argparse.Namespace) -> int:
     run_dir = preflight(args, config, evaluation=False)
     load_conversations(data)  # every line checked before a model loads
 
-    with run_dir_rollback(run_dir):
+    with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = run_sft(
             config,
             data,

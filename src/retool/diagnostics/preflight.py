@@ -43,7 +43,7 @@ from retool.reward import default_checker, load_reward_function
 from retool.rollout import RolloutResult, StopReason, rollout_batch
 from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
 from retool.training.datum import build_training_datums
-from retool.training.session import resolve_checkpoint
+from retool.training.run_dir import resolve_checkpoint
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,

@@ -49,6 +49,7 @@ from retool.training.cost import step_tokens
 from retool.training.datum import build_training_datums
 from retool.training.faults import crash_point
 from retool.training.periodic_eval import PeriodicEval
+from retool.training.provenance import RunInputs, digest_records
 from retool.training.run_dir import RunDirectory
 from retool.training.session import Phases, Session
 
@@ -75,6 +76,7 @@ def train(
         progress=progress,
         per_step=cfg.questions_per_batch * config.rollout.group_size,
         unit="traj",
+        inputs=RunInputs("rl", config.data.train, digest_records(examples)),
     )
     checker = None if scorer else default_checker(workers=config.reward.workers)
     trainer, run, display = session.trainer, session.run, session.display
