@@ -21,7 +21,7 @@ from retool.config import RunConfig
 from retool.data.demo import DemoProblem
 from retool.protocol import ParseKind, get_protocol
 from retool.reward import score_many
-from retool.sandbox import format_tool_content
+from retool.sandbox import format_tool_content, open_sandbox
 from retool.training.sft_data import write_call_text
 
 
@@ -47,8 +47,8 @@ def run_selfcheck(
     log: Callable[[str], None] = lambda _: None,
 ) -> SelfCheckReport:
     """Drive ``problems``' reference solutions through prompt, parse, sandbox and reward."""
+    # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local.models import load_tokenizer
-    from retool.sandbox import open_sandbox
 
     dialect = get_protocol(config.rollout.protocol)
     tokenizer = load_tokenizer(config.model.base_model)
