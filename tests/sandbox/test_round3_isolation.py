@@ -99,6 +99,9 @@ PROBE = textwrap.dedent(
         "uptime": read("/proc/uptime"),
         "stat": read("/proc/stat"),
         "loadavg": read("/proc/loadavg"),
+        "vmstat": read("/proc/vmstat"),
+        "diskstats": read("/proc/diskstats"),
+        "pressure": os.listdir("/proc/pressure") if os.path.isdir("/proc/pressure") else [],
         "cgroup": read("/proc/self/cgroup"),
         "etc": sorted(os.listdir("/etc")),
         "machine_id": read("/etc/machine-id"),
@@ -121,8 +124,9 @@ def _check_host_facts(facts: dict, workdir: str) -> None:
     host = socket.gethostname()
     assert facts["nodename"] == "sandbox" != host and facts["hostname"].strip() == "sandbox"
     boot_id = _host("/proc/sys/kernel/random/boot_id")
-    for name in ("boot_id", "cmdline", "uptime", "stat", "loadavg"):
+    for name in ("boot_id", "cmdline", "uptime", "stat", "loadavg", "vmstat", "diskstats"):
         assert facts[name] == "", (name, facts[name][:200])
+    assert facts["pressure"] == []
     assert boot_id not in json.dumps(facts)
     lines = facts["cgroup"].strip().splitlines()
     assert lines and all(line.endswith(":/") for line in lines), facts["cgroup"]

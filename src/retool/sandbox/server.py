@@ -152,8 +152,9 @@ def masked_paths() -> list[str]:
 
 
 # Host facts a call must not read, which no namespace hides: an empty file goes over
-# each (as container runtimes do for /proc/kcore & co.). /proc/stat and /proc/loadavg
-# carry host-wide fork and thread counters that reveal other calls.
+# each (as container runtimes do for /proc/kcore & co.). /proc/stat, /proc/loadavg and
+# the other counters carry host-wide fork, thread, fault, interrupt, disk and pressure
+# figures that reveal what other calls do.
 PROC_MASKS = (
     "/proc/cmdline",
     "/proc/sys/kernel/random/boot_id",
@@ -166,6 +167,12 @@ PROC_MASKS = (
     "/proc/timer_list",
     "/proc/sched_debug",
     "/proc/sys/kernel/ns_last_pid",
+    "/proc/vmstat",
+    "/proc/schedstat",
+    "/proc/interrupts",
+    "/proc/softirqs",
+    "/proc/diskstats",
+    "/proc/pressure",  # a directory: an empty tmpfs goes over it
 )
 HOSTNAME = "sandbox"  # the UTS name every call sees
 # The /etc of a call: only what the interpreter and the preloaded libraries read
@@ -261,9 +268,13 @@ def build_root(
     )
     if "procmask" not in off:
         for path in PROC_MASKS:
-            if os.path.exists(new_root + path):
-                linux.mount(empty, new_root + path, None, linux.MS_BIND)
-                linux.mount(None, new_root + path, None, ro)
+            target = new_root + path
+            if os.path.isdir(target):
+                flags = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+                linux.mount("tmpfs", target, "tmpfs", flags, "size=4k,nr_inodes=1")
+            elif os.path.exists(target):
+                linux.mount(empty, target, None, linux.MS_BIND)
+                linux.mount(None, target, None, ro)
     os.makedirs(new_root + "/.old", exist_ok=True)
     os.chdir(new_root)
     linux.pivot_root(".", ".old")
