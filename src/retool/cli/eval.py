@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from retool.backends import open_sampling_client, open_sandbox, service_client
+from retool.backends import open_sampling_client, service_client
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -52,6 +52,8 @@ from retool.evaluation import (
     resolve_model_spec,
 )
 from retool.reward import default_checker, load_reward_function
+from retool.sandbox import open_sandbox
+from retool.training.run_lock import lock_output
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -241,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         unused["sandbox"] = "--mode text runs no code"
     config = load_command_config(args, "eval", unused=unused, flags=_flags(args))
     output = check_output_file(args.output, flag="--output")
+    lock_output(output, "--output")  # a second `retool eval` on this file refuses at once
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
     examples = load_eval_examples(args.dataset, fields, args.limit)
     model = resolve_model_spec(args.model, backend=config.model.backend)

@@ -17,6 +17,7 @@ from typing import Any
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results
 from retool.reward import Scorer, default_checker
+from retool.training.faults import crash_point
 from retool.training.session import Session
 
 
@@ -62,7 +63,10 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
-                progress=lambda event: session.display.advance(event.count),
+                progress=lambda event: (
+                    session.display.advance(event.count),
+                    crash_point("eval", step),
+                ),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
                 checker=self.checker,
