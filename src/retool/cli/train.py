@@ -53,7 +53,7 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
 
     check_run_dir_free(run_dir)  # a second writer is refused before anything loads
     if args.init_from and not args.resume:
-        from retool.training.provenance import resolve_checkpoint
+        from retool.training.run_dir import resolve_checkpoint
 
         resolve_checkpoint(args.init_from)
     check_tracker(args.tracker)

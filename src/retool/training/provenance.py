@@ -70,24 +70,6 @@ def digest_directory(path: Path) -> str:
     return digest.hexdigest()
 
 
-def resolve_checkpoint(spec: str) -> Path:
-    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
-    from retool.training.run_dir import RunDirectory
-
-    path = Path(spec).expanduser()
-    if (path / "retool_state.json").is_file():
-        return path
-    if (path / "checkpoints.jsonl").is_file():
-        record = RunDirectory(path).last_checkpoint()
-        if record is None:
-            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
-        return Path(record.state_path)
-    raise RetoolError(
-        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
-        "(no checkpoints.jsonl)"
-    )
-
-
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -102,14 +84,16 @@ def _read(path: Path) -> dict[str, Any] | None:
     return record
 
 
-def record_start(run_path: Path, inputs: RunInputs | None, init_from: str | None) -> dict[str, Any]:
-    """The ``inputs.json`` record of a new run (``init_from`` resolved and hashed now)."""
+def record_start(
+    inputs: RunInputs | None, init_from: str | None, state: Path | None
+) -> dict[str, Any]:
+    """The ``inputs.json`` record of a new run (``state``: ``init_from`` resolved; hashed now)."""
     record: dict[str, Any] = {"format": FORMAT, "kind": None, "data": None, "init_from": None}
     if inputs is not None:
         record["kind"] = inputs.kind
         record["data"] = {"name": inputs.data, "sha256": inputs.data_sha256}
-    if init_from:
-        state = resolve_checkpoint(init_from).resolve()
+    if init_from and state is not None:
+        state = state.resolve()
         record["init_from"] = {
             "spec": init_from,
             "state_path": str(state),

@@ -342,7 +342,8 @@ class RunDirectory:
                     f"run directory {self.path} already holds a run; use --resume to continue "
                     "it or choose another --run-dir"
                 )
-            return provenance.record_start(self.path, inputs, init_from)
+            state = resolve_checkpoint(init_from) if init_from else None
+            return provenance.record_start(inputs, init_from, state)
         stored = load_config(self.config_path)
         differences = _config_differences(stored, config)
         if differences:
@@ -368,7 +369,7 @@ class RunDirectory:
                 f"at step 0 and replace the {len(completed)} committed steps)"
             )
         if record is None:  # a run from before inputs.json: record what it is resumed with
-            return provenance.record_start(self.path, inputs, None)
+            return provenance.record_start(inputs, None, None)
         return None
 
     def close(self) -> None:
@@ -515,6 +516,22 @@ def released(path: str | os.PathLike[str]) -> Iterator[None]:
         yield
     finally:
         run_lock.release(Path(path) / run_lock.RUN_LOCK_NAME)
+
+
+def resolve_checkpoint(spec: str) -> Path:
+    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
+    path = Path(spec).expanduser()
+    if (path / "retool_state.json").is_file():
+        return path
+    if (path / "checkpoints.jsonl").is_file():
+        record = RunDirectory(path).last_checkpoint()
+        if record is None:
+            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
+        return Path(record.state_path)
+    raise RetoolError(
+        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
+        "(no checkpoints.jsonl)"
+    )
 
 
 def read_rollouts(path: Path) -> Iterator[dict[str, Any]]:

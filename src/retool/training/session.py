@@ -39,8 +39,8 @@ from retool.training.display import Display, step_summary
 from retool.training.faults import crash_point
 from retool.training.metrics import merge_trainer_metrics
 from retool.training.packing import pack_micro_batches, padded_area
-from retool.training.provenance import RunInputs, recorded_init_from, resolve_checkpoint
-from retool.training.run_dir import RunDirectory
+from retool.training.provenance import RunInputs, recorded_init_from
+from retool.training.run_dir import RunDirectory, resolve_checkpoint
 from retool.types import AdamParams, ServiceClient, TrainingClient
 
 Summary = Callable[[int, int, dict[str, float]], str]
