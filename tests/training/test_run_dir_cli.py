@@ -125,7 +125,10 @@ def test_a_resume_whose_init_from_checkpoint_changed_is_refused(tmp_path, init_s
     refused = retool_in(tmp_path, *resume)
     assert refused.returncode == 2, refused.stderr
     assert "changed since the run started" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
+    # after the note that the killed run's lock file was taken over, one error line
+    lines = refused.stderr.strip().splitlines()
+    assert [line for line in lines if not line.startswith("retool: note: ")] == [lines[-1]]
+    assert lines[-1].startswith("retool: error: --resume: the --init-from checkpoint")
 
 
 def test_two_writers_on_one_run_directory(tmp_path):
