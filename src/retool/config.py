@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from retool.data.longints import toml_loads
 from retool.errors import ConfigError
 
 C = TypeVar("C")
@@ -629,7 +630,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"--set expects section.key=value, got {text!r}")
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        value = toml_loads(f"v = {raw.strip()}", f"--set {dotted.strip()}", lines=False)["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word such as markdown
     return parts[0], parts[1], value
@@ -646,7 +647,7 @@ def load_config(
         path = Path(path)
         text = read_text(path, what="config file", error=ConfigError)
         try:
-            raw = tomllib.loads(text)
+            raw = toml_loads(text, str(path))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML ({exc})") from None
     sections = {f.name: f for f in dataclasses.fields(RunConfig)}

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.data.longints import json_loads
 from retool.errors import DataError
 
 FORMAT = "retool-eval/1"
@@ -126,7 +127,7 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError:
             if i == last and not text.endswith("\n"):
                 break  # killed mid-write

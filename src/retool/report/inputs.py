@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retool.data.longints import json_loads
 from retool.errors import RetoolError
 from retool.training.run_dir import RunDirectory
 
@@ -184,7 +185,7 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError:
             if number == len(lines) and (settings is not None or rows):
                 break  # a torn last line: the evaluation was killed mid-write

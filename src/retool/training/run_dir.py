@@ -41,6 +41,7 @@ from typing import Any
 
 from retool.config import RunConfig
 from retool.data.examples import MathExample
+from retool.data.longints import json_loads
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
 
@@ -74,7 +75,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(json_loads(line))
         except json.JSONDecodeError:
             if number == len(lines):
                 break  # killed mid-write
@@ -292,4 +293,4 @@ def read_rollouts(path: Path) -> Iterator[dict[str, Any]]:
     """The trajectory records of one ``rollouts/step_*.jsonl.gz`` file."""
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         for line in handle:
-            yield json.loads(line)
+            yield json_loads(line)
