@@ -89,18 +89,35 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     A failure (or a crash) leaves ``final`` as it was: either the previous
     complete checkpoint or nothing.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    from safetensors import SafetensorError
+
+    from retool.data.files import write_failure
+
+    # A full disk surfaces as OSError, SafetensorError or torch's RuntimeError
+    # ("unexpected pos"): one BackendError naming the checkpoint, the previous one kept.
+    unwritable = (OSError, SafetensorError, RuntimeError)
+    then = "the previous checkpoint is kept: rerun with --resume"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    except OSError as exc:
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from None
     try:
         yield tmp
+    except unwritable as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     trash = None
-    if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.rename(final, trash)
-    os.rename(tmp, final)
+    try:
+        if final.exists():
+            trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.rename(final, trash)
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from None
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
 
