@@ -28,7 +28,18 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from retool import __version__
-from retool.cli import demo, doctor, preflight, prepare_data, report, rollout, sandbox, sft, train
+from retool.cli import (
+    demo,
+    doctor,
+    preflight,
+    prepare_data,
+    report,
+    rollout,
+    sandbox,
+    sft,
+    streams,
+    train,
+)
 from retool.cli import eval as eval_command
 from retool.cli.common import Parser
 from retool.errors import RetoolError
@@ -111,6 +122,7 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    streams.harden_streams()
     parser = build_parser()
     with _signals():
         try:
@@ -123,7 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         try:
-            return int(args.handler(args) or 0)
+            status = int(args.handler(args) or 0)
+            broken = streams.flush_stdout()
+            if broken:
+                print(f"retool: error: {broken}", file=sys.stderr)
+                return 2
+            return status
         except RetoolError as exc:
             print(f"retool: error: {exc}", file=sys.stderr)
             return 2
@@ -135,7 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 141
         except OSError as exc:
             if not exc.filename:
-                raise  # not about a path: a bug, keep the traceback
+                unnamed = streams.unnamed_failure(exc)  # stdout or a full disk
+                if unnamed is None:
+                    raise  # not about a path: a bug, keep the traceback
+                print(f"retool: error: {unnamed}", file=sys.stderr)
+                return 2
             # last resort: a path the command did not check itself (each should)
             names = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
             print(f"retool: error: {names}: {exc.strerror or exc}", file=sys.stderr)
