@@ -131,6 +131,14 @@ def check_path_text(where: str, value: Any, *, empty: bool = False) -> None:
         raise ConfigError(f"{where} must not contain a NUL character, got {value!r}")
 
 
+def expand_home(config: Any, *names: str) -> None:
+    """A leading ``~`` in a path setting is the home directory, the same for every command."""
+    for name in names:
+        value = getattr(config, name)
+        if value.startswith("~"):
+            object.__setattr__(config, name, os.path.expanduser(value))
+
+
 LOSS_REDUCTIONS = ("auto", "sum", "active_token_mean", "advantage_token_mean")
 
 
@@ -242,6 +250,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_path_text("data.train", self.train)
         check_path_text("data.dev", self.dev)
+        expand_home(self, "train", "dev")
         check_range("data", "seed", self.seed, 0, SEED_MAX, integer=True)
 
 
@@ -479,6 +488,7 @@ class TrainConfig:
             )
         check_path_text("train.eval_dataset", self.eval_dataset, empty=True)
         check_path_text("train.run_dir", self.run_dir)
+        expand_home(self, "eval_dataset", "run_dir")
 
 
 @dataclass(frozen=True)
@@ -546,6 +556,7 @@ class DemoConfig:
         check_range("demo", "sft_learning_rate", self.sft_learning_rate, 0, 1, low_open=True)
         check_range("demo", "rl_steps", self.rl_steps, 0, 10_000, integer=True)
         check_path_text("demo.eval_dataset", self.eval_dataset)
+        expand_home(self, "eval_dataset")
         check_range("demo", "eval_n", self.eval_n, 1, 1024, integer=True)
         check_range("demo", "eval_limit", self.eval_limit, 0, 10**7, integer=True)
         check_range("demo", "eval_temperature", self.eval_temperature, 0, 100)

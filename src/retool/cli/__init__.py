@@ -31,6 +31,7 @@ from retool import __version__
 from retool.cli import (
     demo,
     doctor,
+    guards,
     preflight,
     prepare_data,
     report,
@@ -124,6 +125,11 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     streams.harden_streams()
     parser = build_parser()
+    argv = guards.expand_home(sys.argv[1:] if argv is None else argv)
+    empty = guards.empty_argument(argv)
+    if empty:
+        print(f"retool: error: {empty}", file=sys.stderr)
+        return 2
     with _signals():
         try:
             args = parser.parse_args(argv)
