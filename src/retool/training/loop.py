@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.errors import ConfigError, RetoolError
 from retool.training.cost import SpendLedger, StepTokens, step_tokens
@@ -410,9 +411,8 @@ class Session:
             self.display.close()
             if self.sink is not None:
                 self.sink.close()
-            close = getattr(self.service, "close", None)
-            if callable(close):  # a remote session ends now, not at process exit
-                close()
+            # a remote session ends now, not at process exit; a failing close only warns
+            close_quietly(self.service, "training service")
 
     def pack(self, datums: list[Any]) -> list[list[Any]]:
         from retool.training.packing import pack_micro_batches
@@ -572,9 +572,7 @@ def train(
                             reuse=reuse,
                         )
                 finally:
-                    close = getattr(sampler, "close", None)
-                    if close is not None:
-                        close()
+                    close_quietly(sampler, "sampler")
                 session.guard.check()
                 with phases("datums"):
                     datums = build_training_datums(result.trajectories, cfg.max_train_tokens)
@@ -659,9 +657,7 @@ class PeriodicEval:
                 checker=self.checker,
             )
         finally:
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            close_quietly(sampler, "sampler")
         low, high = summary.average_at_n_ci
         line = (
             f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "
