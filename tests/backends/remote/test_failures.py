@@ -16,13 +16,13 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from retool.backends import remote, service_client  # noqa: E402
-from retool.backends.cleanup import close_all, close_quietly  # noqa: E402
-from retool.config import ModelConfig  # noqa: E402
-from retool.errors import BackendError  # noqa: E402
-from retool.types import ModelInput, SamplingParams  # noqa: E402
-from tests.backends.remote.fakes import EOS  # noqa: E402
-from tests.backends.remote.test_pytrio import CLIP, DATUMS, local_update  # noqa: E402
+from retool.backends import remote, service_client
+from retool.backends.cleanup import close_all, close_quietly
+from retool.config import ModelConfig
+from retool.errors import BackendError
+from retool.types import ModelInput, SamplingParams
+from tests.backends.remote.fakes import EOS
+from tests.backends.remote.test_pytrio import CLIP, DATUMS, local_update
 
 
 def _service(fake, tmp_path):
