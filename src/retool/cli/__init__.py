@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             return status
         except RetoolError as exc:
-            print(f"retool: error: {exc}", file=sys.stderr)
+            print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP; training's Interrupted too
             return _interrupted(exc)
@@ -165,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             # last resort: a path the command did not check itself (each should)
             names = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
-            print(f"retool: error: {names}: {exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"retool: error: {streams.one_line(names)}: {exc.strerror or exc}", file=sys.stderr
+            )
             return 2
 
 

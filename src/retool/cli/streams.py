@@ -113,3 +113,16 @@ def flush_stdout() -> str | None:
     except ValueError:
         return None
     return None
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped: a path holding a newline or an escape
+    sequence cannot split an error line in two or repaint the terminal."""
+    return str(text).translate(_CONTROL)

@@ -140,6 +140,24 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+def check_row_types(record: Mapping[str, Any], where: str) -> None:
+    """A sample row's fields of the types evaluation writes; a ``"correct": "false"`` (a
+    string, truthy) would otherwise count as correct."""
+    checks = (
+        ("correct", bool, "true or false"),
+        ("sample_index", int, "an integer"),
+        ("problem_id", (str, int), "a string"),
+    )
+    for key, kind, words in checks:
+        value = record.get(key)
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong:
+            raise DataError(
+                f"{where}: field {key!r} must be {words}, got {value!r:.40}; the results file "
+                "is damaged (rerun the evaluation into a new --output)"
+            )
+
+
 def load_results(path: str | os.PathLike[str]) -> EvalResults:
     """Read a results file written by :func:`retool.evaluation.evaluate` (torn tail tolerated)."""
     from retool.data.files import as_path
@@ -163,6 +181,7 @@ def load_results(path: str | os.PathLike[str]) -> EvalResults:
             raise DataError(
                 f"{path}:{number}: not a sample row (needs problem_id, sample_index, correct)"
             )
+        check_row_types(record, f"{path}:{number}")
         rows.append(record)
     return EvalResults(path, settings, tuple(rows), summary)
 
