@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from retool.cli.common import add_config_options
+from retool.diagnostics.doctor import diagnose
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,8 +32,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.diagnostics.doctor import diagnose
-
     report = diagnose(
         args.config,
         args.overrides,

@@ -29,6 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from retool.backends import open_sampling_client, service_client
 from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
@@ -38,7 +39,22 @@ from retool.cli.common import (
     load_command_config,
     say,
 )
+from retool.data.files import check_output_file, read_text
 from retool.errors import ConfigError
+from retool.evaluation import (
+    FieldNames,
+    check_resumable,
+    compare,
+    eval_settings,
+    evaluate,
+    format_comparison,
+    format_summary,
+    load_eval_examples,
+    resolve_model_spec,
+)
+from retool.reward import default_checker, load_reward_function
+from retool.sandbox import open_sandbox
+from retool.training.run_lock import lock_output
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -150,7 +166,6 @@ def _file_sets_sampling(config_path: str | None) -> set[str]:
     """The rollout sampling keys the config file sets itself."""
     if config_path is None:
         return set()
-    from retool.data.files import read_text
 
     try:
         raw = tomllib.loads(read_text(config_path, what="config file", error=ConfigError))
@@ -214,16 +229,6 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.data.files import check_output_file
-    from retool.evaluation import (
-        FieldNames,
-        check_resumable,
-        eval_settings,
-        format_summary,
-        load_eval_examples,
-        resolve_model_spec,
-    )
-
     for flag, value in (
         ("--model", args.model),
         ("--dataset", args.dataset),
@@ -239,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         unused["sandbox"] = "--mode text runs no code"
     config = load_command_config(args, "eval", unused=unused, flags=_flags(args))
     output = check_output_file(args.output, flag="--output")
+    lock_output(output, "--output")  # a second `retool eval` on this file refuses at once
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
     examples = load_eval_examples(args.dataset, fields, args.limit)
     model = resolve_model_spec(args.model, backend=config.model.backend)
@@ -263,10 +269,6 @@ def run(args: argparse.Namespace) -> int:
     rollout = dataclasses.replace(config.rollout, group_size=n)
     full = eval_settings(settings, rollout, n=n, examples=examples, tools=tools, seed_step=0)
     resume = check_resumable(output, full)  # refuse other settings before loading anything
-
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.evaluation import evaluate
-    from retool.reward import default_checker, load_reward_function
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
@@ -307,8 +309,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from retool.evaluation import compare, format_comparison
-
     evaluation_flags = {
         "--model": args.model,
         "--backend": args.backend,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.checks import check_number
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
 from retool.data.files import writing
@@ -51,6 +52,8 @@ from retool.rollout import (
     StopReason,
     Trajectory,
     check_context_limit,
+    rollout_batch,
+    rollout_batch_async,
 )
 
 # Rollout fields that decide the samples (the rest are concurrency and retry knobs).
@@ -226,8 +229,6 @@ def _prepare(
     tools: bool,
     seed_step: int,
 ) -> _Prepared:
-    from retool.config import check_number
-
     check_number("--val-n", n, 1, 1024, integer=True)
     if not isinstance(config, RolloutConfig):
         raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
@@ -291,8 +292,6 @@ def evaluate(
     scoring as in training. Synchronous: from inside an event loop use
     :func:`evaluate_async`.
     """
-    from retool.rollout import rollout_batch
-
     output = Path(output)
     prepared = _prepare(
         sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
@@ -336,8 +335,6 @@ async def evaluate_async(
     checker: Any | None = None,
 ) -> EvalSummary:
     """:func:`evaluate` for callers inside an event loop."""
-    from retool.rollout import rollout_batch_async
-
     output = Path(output)
     prepared = _prepare(
         sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
