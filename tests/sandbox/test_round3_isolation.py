@@ -107,6 +107,7 @@ PROBE = textwrap.dedent(
         "machine_id": read("/etc/machine-id"),
         "init_cmdline": read("/proc/1/cmdline").rstrip("\\0"),
         "own_cmdline": read("/proc/self/cmdline").rstrip("\\0"),
+        "fds": [os.readlink("/proc/self/fd/%d" % fd) for fd in (1, 2)],
         "meta": meta,
     }))
     """
@@ -136,8 +137,9 @@ def _check_host_facts(facts: dict, workdir: str) -> None:
         assert workdir not in facts[name] and "--dir" not in facts[name], facts[name]
     assert facts["meta"] and all(text == "" for text in facts["meta"].values()), facts["meta"]
     assert "retool-sandbox-" not in facts["cgroup"]
+    assert not any(workdir in path for path in facts["fds"]), facts["fds"]
     # Not yet hidden: the runtime copy's directory and the interpreter's site-packages
-    # keep their host paths (sys.path, mountinfo), the output files theirs (/proc/self/fd).
+    # keep their host paths (sys.path, mountinfo).
 
 
 def _pair(sandbox: LocalSandbox, tag: str) -> tuple[str, str]:
