@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from retool.backends.pytrio import PytrioServiceClient
+from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
 
 if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
@@ -23,18 +25,15 @@ def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/check
     (see :mod:`retool.backends.remote`).
     """
     if model.backend == "local":
+        # here, not at the top: retool.backends.local imports torch (seconds to load)
         from retool.backends.local import LocalServiceClient
 
         return LocalServiceClient(
             device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root
         )
     if model.backend == "pytrio":
-        from retool.backends.pytrio import PytrioServiceClient
-
         return PytrioServiceClient(model, checkpoint_root=checkpoint_root)
     if model.backend == "tinker":
-        from retool.backends.tinker import TinkerServiceClient
-
         return TinkerServiceClient(model, checkpoint_root=checkpoint_root)
     raise ConfigError(f"model.backend must be local, pytrio or tinker; got {model.backend!r}")
 
@@ -44,34 +43,3 @@ def open_sampling_client(service: Any, model: str) -> Any:
     if (Path(model) / "retool_sampler.json").is_file():
         return service.create_sampling_client(model_path=model)
     return service.create_sampling_client(base_model=model)
-
-
-def open_sandbox(config: Any) -> Any:
-    """The sandbox a ``SandboxConfig`` asks for: local, or a SandboxFusion service.
-
-    Both give the same ``run`` / ``arun`` / ``close`` / ``stats`` and the same
-    ``ExecResult``s. A SandboxFusion service is checked with one test snippet
-    here, so a wrong ``sandbox.url`` fails before anything else starts.
-    """
-    if config.backend == "sandboxfusion":
-        from retool.sandbox.fusion import FusionSandbox
-
-        return FusionSandbox(
-            config.url,
-            timeout=config.timeout,
-            memory_mb=config.memory_mb,
-            max_workers=config.max_workers,
-            max_output_bytes=config.max_output_bytes,
-            request_slack=config.request_slack,
-            request_retries=config.request_retries,
-            request_backoff=config.request_backoff,
-        )
-    from retool.sandbox import LocalSandbox
-
-    return LocalSandbox(
-        timeout=config.timeout,
-        memory_mb=config.memory_mb,
-        max_workers=config.max_workers,
-        isolation=config.isolation,
-        max_output_bytes=config.max_output_bytes,
-    )

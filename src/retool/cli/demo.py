@@ -38,7 +38,13 @@ from typing import Any
 from retool.cli import eval as eval_command
 from retool.cli import sft, train
 from retool.cli.common import Parser, add_config_options
+from retool.config import load_config
+from retool.data.demo import demo_problems
+from retool.data.files import check_output_dir
+from retool.diagnostics.selfcheck import run_selfcheck
 from retool.errors import ConfigError
+from retool.evaluation import load_eval_examples, load_results, summarize
+from retool.training.run_dir import config_to_toml
 
 DEFAULT_CONFIG = Path("configs/demo.toml")
 QUICK = {"eval_limit": 8, "eval_n": 2, "sft_steps": 3, "sft_batch": 8, "rl_steps": 1}
@@ -206,10 +212,6 @@ def _plan(config: Any, problems: int) -> list[Phase]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.config import load_config
-    from retool.data.demo import demo_problems
-    from retool.diagnostics.selfcheck import run_selfcheck
-
     config_path = args.config
     if config_path is None:
         if not DEFAULT_CONFIG.is_file():
@@ -219,14 +221,12 @@ def run(args: argparse.Namespace) -> int:
             )
         config_path = str(DEFAULT_CONFIG)
     config = load_config(config_path, args.overrides)
-    from retool.data.files import check_output_dir
 
     check_output_dir(args.output, flag="--output")
     if args.quick:
         config = dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
     _check(config)
     demo = config.demo
-    from retool.evaluation import load_eval_examples
 
     examples = load_eval_examples(demo.eval_dataset, limit=demo.eval_limit or None)
     phases = _plan(config, len(examples))
@@ -241,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {i}. {phase.name:<11} {phase.what}")
     clock = Clock(phases)
     root = Path(args.output) / time.strftime("demo-%Y%m%d-%H%M%S")
-    print(f"about {_minutes(clock.left_s())} on a 2-core laptop CPU; everything goes to {root}")
+    where = "nothing is written" if args.check_only else f"everything goes to {root}"
+    print(f"about {_minutes(clock.left_s())} on a 2-core laptop CPU; {where}")
 
     clock.begin(0)
     started = time.monotonic()
@@ -265,8 +266,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -> int:
-    from retool.training.run_dir import config_to_toml
-
     demo = config.demo
     # One file holds the effective settings (the --config file, --set and --quick):
     # every command gets it and nothing else, so each reads only the keys it uses
@@ -339,8 +338,6 @@ def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -
 
 
 def _results(evals: dict[str, Path], root: Path, policy: Path | None) -> None:
-    from retool.evaluation import load_results, summarize
-
     labels = {"base": "base", "sft": "SFT", "rl": "RL"}
     print("\nheld-out results (the same problems, samples and seeds for every policy):")
     header = (

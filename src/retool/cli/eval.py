@@ -29,6 +29,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -37,7 +39,22 @@ from retool.cli.common import (
     load_command_config,
     say,
 )
+from retool.data.files import check_output_file, read_text
 from retool.errors import ConfigError
+from retool.evaluation import (
+    FieldNames,
+    check_resumable,
+    compare,
+    eval_settings,
+    evaluate,
+    format_comparison,
+    format_summary,
+    load_eval_examples,
+    resolve_model_spec,
+)
+from retool.reward import default_checker, load_reward_function
+from retool.sandbox import open_sandbox
+from retool.training.run_lock import lock_output
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -149,7 +166,6 @@ def _file_sets_sampling(config_path: str | None) -> set[str]:
     """The rollout sampling keys the config file sets itself."""
     if config_path is None:
         return set()
-    from retool.data.files import read_text
 
     try:
         raw = tomllib.loads(read_text(config_path, what="config file", error=ConfigError))
@@ -213,17 +229,6 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.data.files import check_output_file
-    from retool.evaluation import (
-        FieldNames,
-        check_resumable,
-        eval_settings,
-        format_summary,
-        load_eval_examples,
-        resolve_model_spec,
-    )
-    from retool.training.run_lock import lock_output
-
     for flag, value in (
         ("--model", args.model),
         ("--dataset", args.dataset),
@@ -265,10 +270,6 @@ def run(args: argparse.Namespace) -> int:
     full = eval_settings(settings, rollout, n=n, examples=examples, tools=tools, seed_step=0)
     resume = check_resumable(output, full)  # refuse other settings before loading anything
 
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.evaluation import evaluate
-    from retool.reward import default_checker, load_reward_function
-
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = open_sandbox(config.sandbox) if tools else None  # its limits fail fast
@@ -299,12 +300,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     step = f" (step {model.step})" if model.step is not None else ""
     print(f"{args.model}{step} on {args.dataset}, {mode} mode: {len(examples)} problems")
     print(format_summary(summary))
@@ -313,8 +309,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from retool.evaluation import compare, format_comparison
-
     evaluation_flags = {
         "--model": args.model,
         "--backend": args.backend,

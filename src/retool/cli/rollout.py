@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
@@ -22,7 +24,13 @@ from retool.cli.common import (
     load_command_config,
     say,
 )
+from retool.data import load_dataset
+from retool.data.files import check_output_file
 from retool.errors import ConfigError
+from retool.evaluation.models import resolve_model_spec
+from retool.reward import default_checker, load_reward_function
+from retool.rollout import rollout_batch
+from retool.sandbox import open_sandbox
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -113,8 +121,6 @@ UNUSED = {
 
 def _model_path(spec: str, config, flag: str) -> str:
     """What the backend opens for ``--model`` (checked before anything loads)."""
-    from retool.evaluation.models import resolve_model_spec
-
     return resolve_model_spec(spec, flag=flag, backend=config.model.backend).path
 
 
@@ -163,9 +169,6 @@ def _is_rollout_file(path: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.data import load_dataset
-    from retool.data.files import check_output_file
-
     unused = dict(UNUSED)
     if args.no_tools:
         unused["sandbox"] = "--no-tools runs no code"
@@ -185,13 +188,7 @@ def run(args: argparse.Namespace) -> int:
     path = _model_path(model, config, "--model" if args.model else "model.base_model")
     scorer = None
     if config.reward.function:
-        from retool.reward import load_reward_function
-
         scorer = load_reward_function(config.reward.function)
-
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.reward import default_checker
-    from retool.rollout import rollout_batch
 
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = None if args.no_tools else open_sandbox(config.sandbox)  # its limits fail fast
@@ -214,12 +211,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     print(f"{model} on {args.dataset}: {len(examples)} questions x {config.rollout.group_size}")
     print(format_table(result))
     print()

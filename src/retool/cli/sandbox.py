@@ -25,7 +25,10 @@ from retool.cli.common import add_number
 from retool.errors import ConfigError
 from retool.interrupts import StopOnce
 from retool.protocol.sanitize import escape_control
+from retool.sandbox import IsolationLevel, LocalSandbox, format_tool_content
+from retool.sandbox.bench import run_bench
 from retool.sandbox.limits import MAX_CODE_BYTES, MAX_TIMEOUT_S, MEMORY_MB_RANGE
+from retool.sandbox.local import close_all
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _MAX_BENCH_N = 10_000
@@ -186,8 +189,6 @@ def _stoppable(work: Callable[[], int]) -> int:
     server and its temporary directory gone) before this returns, also one
     whose own ``close()`` the interrupt cut short.
     """
-    from retool.sandbox.local import close_all
-
     status = 0
     with StopOnce() as signals:
         try:
@@ -204,8 +205,6 @@ def _stoppable(work: Callable[[], int]) -> int:
 
 # -- the verbs ---------------------------------------------------------------------
 def _exec(args: argparse.Namespace) -> int:
-    from retool.sandbox import LocalSandbox, format_tool_content
-
     check_number("--timeout (seconds)", args.timeout, 0, MAX_TIMEOUT_S, low_open=True)
     check_number("--memory-mb", args.memory_mb, *MEMORY_MB_RANGE, integer=True)
     timeout, memory_mb = args.timeout, args.memory_mb
@@ -226,8 +225,6 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from retool.sandbox import IsolationLevel, LocalSandbox
-
     def work() -> int:
         with LocalSandbox(max_workers=1, isolation=args.isolation) as sandbox:
             level = sandbox.isolation_level
@@ -241,12 +238,8 @@ def _check(args: argparse.Namespace) -> int:
         _say(f"preloaded: {', '.join(sandbox.preloaded) or 'nothing (fresh interpreter per call)'}")
         for line in probe.stdout.strip().splitlines():
             _say(f"probe {line}")
-        if level == IsolationLevel.FULL:
-            _say(
-                "full isolation: mount, PID, IPC, UTS and network namespaces; read-only root; "
-                "private /tmp and /dev/shm; unprivileged uid or no capabilities; no_new_privs; "
-                "seccomp; a cgroup per call (memory, processes, kill); rlimits"
-            )
+        for layer in sandbox.layers:  # every layer in force, the server's own account
+            _say(f"layer: {layer}")
         for item in sandbox.missing:
             _say(f"missing: {item}")
         if degraded:
@@ -257,8 +250,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from retool.sandbox.bench import run_bench
-
     check_number("--n", args.n, 1, _MAX_BENCH_N, integer=True)
     check_number("--workers", args.workers, 1, _MAX_BENCH_WORKERS, integer=True)
     n, workers = args.n, args.workers

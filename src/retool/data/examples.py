@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.data.files import as_path, decode_utf8, reason
+from retool.data.longints import json_loads
 from retool.errors import DataError
 
 
@@ -41,6 +43,18 @@ class MathExample:
         return asdict(self)
 
 
+def _refuse_surrogates(value: str, where: str, key: str) -> None:
+    """A lone ``\\ud800``-style escape is valid JSON but no text: no tokenizer can encode it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(
+            f"{where}: field {key!r} holds a lone surrogate escape "
+            f"(\\u{ord(value[exc.start]):04x} at character {exc.start + 1}), which is not text; "
+            "fix or drop that line"
+        ) from None
+
+
 def _example_from_record(record: Any, where: str) -> MathExample:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -55,6 +69,7 @@ def _example_from_record(record: Any, where: str) -> MathExample:
             raise DataError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
         if not value.strip():
             raise DataError(f"{where}: field {key!r} is empty")
+        _refuse_surrogates(value, where, key)
         fields[key] = value
     raw_id = record.get("id")
     if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
@@ -75,8 +90,6 @@ def iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
     Lines are decoded one by one, so a byte that is not UTF-8 is reported at
     its line and column, like a JSON error; a byte-order mark is skipped.
     """
-    from retool.data.files import decode_utf8, reason
-
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a JSON lines file")
     if path.exists() and not path.is_file():
@@ -102,7 +115,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield where, json.loads(line)
+                yield where, json_loads(line, big_int_as_text=True)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
 
@@ -124,8 +137,6 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
     Raises :class:`DataError` for a missing file, a malformed line, a missing or
     empty ``question``/``answer``, a duplicate id, or an empty file.
     """
-    from retool.data.files import as_path
-
     path = as_path(path, "load_examples(path)")
     if not path.exists():
         raise DataError(f"{path}: no such file")
@@ -160,8 +171,6 @@ def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -
     files that must change together go through
     :func:`retool.data.files.staged_output`.
     """
-    from retool.data.files import as_path, reason
-
     path = as_path(path, "write_jsonl(path)")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     count = 0

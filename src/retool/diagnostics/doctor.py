@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool import __version__
+from retool.config import load_config
+from retool.data import load_dataset
 from retool.errors import RetoolError
+from retool.sandbox import IsolationLevel, LocalSandbox
 
 EXTRAS = ("local", "pytrio", "tinker", "track", "report")  # optional-dependency groups
 LOW_DISK = 2 << 30  # bytes: warn below this much free space for the run directory
@@ -129,6 +133,7 @@ def check_model(base_model: str, backend: str) -> Check:
     """Where ``model.base_model`` resolves (local); remote services resolve their own names."""
     if backend != "local":
         return Check("model", "info", f"{base_model}: resolved by the {backend} service")
+    # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local.models import resolve_model
 
     try:
@@ -141,8 +146,6 @@ def check_model(base_model: str, backend: str) -> Check:
 
 
 def check_data(spec: str, name: str) -> Check:
-    from retool.data import load_dataset
-
     try:
         examples = load_dataset(spec)
     except RetoolError as exc:
@@ -156,7 +159,6 @@ def check_sandbox(sandbox_config: Any) -> Check:
     if backend != "local":
         url = getattr(sandbox_config, "url", "")
         return Check("sandbox", "info", f"{backend} service {url}".strip())
-    from retool.sandbox import IsolationLevel, LocalSandbox
 
     try:
         sandbox = LocalSandbox(max_workers=1, preload=(), isolation=sandbox_config.isolation)
@@ -288,6 +290,30 @@ def check_credentials(backend: str) -> list[Check]:
     return out
 
 
+def check_run_dir(run_dir: str, resume: bool = False) -> Check:
+    """Whether ``retool train``/``sft`` would accept this run directory (with ``resume``)."""
+    from retool.data.files import check_output_dir
+
+    path = Path(run_dir).expanduser()
+    try:
+        check_output_dir(path, flag="run directory")
+    except RetoolError as exc:
+        return Check("run directory", "fail", str(exc))
+    holds_run = path.is_dir() and any(
+        (path / name).exists() for name in ("config.toml", "metrics.jsonl", "checkpoints.jsonl")
+    )
+    if holds_run and not resume:
+        return Check(
+            "run directory",
+            "fail",
+            f"{path} already holds a run: `retool train --resume` continues it (doctor "
+            "--resume checks that), or choose another --run-dir",
+        )
+    if resume and not holds_run:
+        return Check("run directory", "fail", f"{path}: nothing to resume (no run there)")
+    return Check("run directory", "ok", f"{path} ({'resume' if resume else 'new run'})")
+
+
 def check_disk(run_dir: str) -> Check:
     """Free space where the run directory is (or would be created)."""
     path = Path(run_dir).expanduser().absolute()
@@ -310,15 +336,13 @@ def diagnose(
     *,
     run_dir: str | None = None,
     sandbox: bool = True,
+    resume: bool = False,
 ) -> DoctorReport:
     """Check this machine against the config (defaults without ``config_path``).
 
     A config that does not load is itself a failed check. ``sandbox=False``
     skips starting the sandbox (the only check that spawns processes).
     """
-    from retool import __version__
-    from retool.config import load_config
-
     checks = [check_python(), Check("retool-rl", "info", __version__)]
     try:
         config = load_config(config_path, overrides)
@@ -335,7 +359,13 @@ def diagnose(
     checks.append(check_extras(backend))
     checks += check_credentials(backend)
     checks.append(check_data(config.data.train, "data.train"))
+    if config.train.eval_every > 0:  # the periodic evaluation reads this split at step 1
+        name = "train.eval_dataset" if config.train.eval_dataset else "data.dev"
+        checks.append(check_data(config.train.eval_dataset or config.data.dev, name))
     if sandbox:
         checks.append(check_sandbox(config.sandbox))
-    checks.append(check_disk(run_dir or config.train.run_dir))
+    chosen = run_dir or config.train.run_dir
+    checks.append(check_run_dir(chosen, resume))
+    if checks[-1].status != "fail":
+        checks.append(check_disk(chosen))
     return DoctorReport(tuple(checks))

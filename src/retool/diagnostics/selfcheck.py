@@ -21,7 +21,7 @@ from retool.config import RunConfig
 from retool.data.demo import DemoProblem
 from retool.protocol import ParseKind, get_protocol
 from retool.reward import score_many
-from retool.sandbox import format_tool_content
+from retool.sandbox import format_tool_content, open_sandbox
 from retool.training.sft_data import write_call_text
 
 
@@ -47,7 +47,7 @@ def run_selfcheck(
     log: Callable[[str], None] = lambda _: None,
 ) -> SelfCheckReport:
     """Drive ``problems``' reference solutions through prompt, parse, sandbox and reward."""
-    from retool.backends import open_sandbox
+    # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local.models import load_tokenizer
 
     dialect = get_protocol(config.rollout.protocol)

@@ -35,7 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retool.errors import RetoolError
+from retool.data.files import read_bytes
+from retool.data.longints import json_loads
+from retool.errors import DataError, RetoolError
+from retool.evaluation.results import check_row_types
+from retool.evaluation.summary import summarize
 from retool.training.run_dir import RunDirectory
 
 
@@ -169,7 +173,6 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         raise ReportError(f"--eval {file}: no such file")
     if file.is_dir():
         raise ReportError(f"--eval {file}: is a directory, expected a .jsonl result file")
-    from retool.data.files import read_bytes
 
     data = read_bytes(file, flag="--eval", what="result file", error=ReportError, limit=2**31)
     try:
@@ -184,7 +187,7 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError:
             if number == len(lines) and (settings is not None or rows):
                 break  # a torn last line: the evaluation was killed mid-write
@@ -196,6 +199,10 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         elif isinstance(record.get("summary"), dict):
             summary = record["summary"]
         elif "correct" in record:
+            try:
+                check_row_types(record, f"line {number}")
+            except DataError as exc:
+                raise _not_eval(file, str(exc)) from None
             rows.append(record)
     if settings is None and summary is None:
         raise _not_eval(file, "no settings or summary line")
@@ -238,8 +245,6 @@ def _summary_from_rows(rows: Sequence[dict[str, Any]], n: Any) -> dict[str, Any]
     """
     if _is_number(n) and n >= 1:
         try:
-            from retool.evaluation.summary import summarize
-
             return dict(summarize(rows, int(n)).to_dict())
         except Exception:  # another version's format: fall back to the plain numbers
             pass

@@ -85,9 +85,9 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def record_start(
-    inputs: RunInputs | None, init_from: str | None, state: Path | None
+    run_path: Path, inputs: RunInputs | None, init_from: str | None, state: Path | None
 ) -> dict[str, Any]:
-    """The ``inputs.json`` record of a new run (``state``: ``init_from`` resolved; hashed now)."""
+    """The ``inputs.json`` record of a new run (``state``: ``init_from`` resolved, hashed now)."""
     record: dict[str, Any] = {"format": FORMAT, "kind": None, "data": None, "init_from": None}
     if inputs is not None:
         record["kind"] = inputs.kind
