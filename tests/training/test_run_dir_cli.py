@@ -302,7 +302,7 @@ def test_disk_full_during_a_checkpoint_a_metrics_line_or_an_eval_row_leaves_a_re
     cases = [
         ("checkpoint", "optim:2", []),  # save_state of step 2 hits ENOSPC
         ("metrics", "rollouts:2", []),  # the rollouts file is written, its metrics line not
-        ("eval", "eval:2:1", evaluated),  # the evaluation after step 2, after its first sample
+        ("eval", "eval:2", evaluated),  # the evaluation after step 2: its rows cannot be written
     ]
     disk, out = tmp_path / "disk", tmp_path / "out"
     disk.mkdir()

@@ -49,6 +49,7 @@ class PeriodicEval:
         session, cfg = self.session, self.config.train
         session.display.new_step(f"eval after step {step}")
         session.run.eval_dir.mkdir(exist_ok=True)
+        crash_point("eval", step)  # the disk-full test fills the disk here
         sampler = session.trainer.save_weights_and_get_sampling_client()
         try:
             summary = evaluate(
@@ -64,10 +65,7 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
-                progress=lambda event: (
-                    session.display.advance(event.count),
-                    crash_point("eval", step),
-                ),
+                progress=lambda event: session.display.advance(event.count),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
                 checker=self.checker,
