@@ -81,7 +81,7 @@ PROBE = textwrap.dedent(
     def read(path):
         try:
             with open(path, "rb") as handle:
-                return handle.read().decode(errors="replace")
+                return handle.read(300).decode(errors="replace")  # the reply keeps 4 KiB
         except OSError as exc:
             return "<%s>" % type(exc).__name__
     sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
@@ -105,8 +105,9 @@ PROBE = textwrap.dedent(
         "cgroup": read("/proc/self/cgroup"),
         "etc": sorted(os.listdir("/etc")),
         "machine_id": read("/etc/machine-id"),
-        "init_cmdline": read("/proc/1/cmdline").rstrip("\\0")[:500],
-        "own_cmdline": read("/proc/self/cmdline").rstrip("\\0")[:500],
+        "init_cmdline": read("/proc/1/cmdline").rstrip("\\0"),
+        "own_cmdline": read("/proc/self/cmdline").rstrip("\\0"),
+        "fds": [os.readlink("/proc/self/fd/%d" % fd) for fd in (1, 2)],
         "meta": meta,
     }))
     """
@@ -136,8 +137,9 @@ def _check_host_facts(facts: dict, workdir: str) -> None:
         assert workdir not in facts[name] and "--dir" not in facts[name], facts[name]
     assert facts["meta"] and all(text == "" for text in facts["meta"].values()), facts["meta"]
     assert "retool-sandbox-" not in facts["cgroup"]
+    assert not any(workdir in path for path in facts["fds"]), facts["fds"]
     # Not yet hidden: the runtime copy's directory and the interpreter's site-packages
-    # keep their host paths (sys.path, mountinfo), the output files theirs (/proc/self/fd).
+    # keep their host paths (sys.path, mountinfo).
 
 
 def _pair(sandbox: LocalSandbox, tag: str) -> tuple[str, str]:

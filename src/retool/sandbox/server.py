@@ -529,8 +529,10 @@ class Zygote:
         use_seccomp: bool = True,
         landlock_abi: int = 0,
         off: frozenset[str] = frozenset(),
+        calls_dir: str | None = None,
     ) -> None:
         self.off = off
+        self.calls_dir = calls_dir or os.path.join(workdir, "calls")
         self.landlock_abi = landlock_abi
         self.seccomp_program = seccomp.build_program() if use_seccomp else None
         self.index = index
@@ -559,7 +561,7 @@ class Zygote:
         self.counter += 1
         uid = self.uid_for(self.counter)
         name = f"h{self.index}-{self.counter}"
-        stem = os.path.join(self.workdir, "calls", name)
+        stem = os.path.join(self.calls_dir, name)
         out_path, err_path = stem + ".out", stem + ".err"
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
         out_fd, err_fd = os.open(out_path, flags, 0o600), os.open(err_path, flags, 0o600)
@@ -892,9 +894,34 @@ def call_layers(
         "site-packages; private /tmp and /dev/shm; fresh /proc; five /dev nodes",
         f"IPC namespace per call; UTS namespace per call (host name {HOSTNAME!r})",
         "install metadata naming the checkout masked (.pth, __editable__, direct_url.json)",
-        "the server's arguments hidden from /proc/<pid>/cmdline",
+        "the server's arguments hidden from /proc/<pid>/cmdline; output files opened "
+        f"through {NEUTRAL_CALLS_DIR} (so /proc/self/fd names no host directory)",
     ]
     return layers + [text for name, text in CALL_LAYERS.items() if name not in off]
+
+
+NEUTRAL_CALLS_DIR = "/mnt"  # where the output files are opened (see neutral_calls_dir)
+
+
+def neutral_calls_dir(workdir: str) -> str | None:
+    """Give the server a mount namespace of its own in which the calls' directory also
+    appears at ``/mnt``, and return that path (``None`` if it cannot).
+
+    A call's stdout and stderr are files the zygote opens; ``/proc/self/fd/1``
+    shows the path they were opened by, which would be the trainer's work
+    directory. Opened through ``/mnt`` they show ``/mnt/h1-2.out``. The files
+    stay on the host filesystem (not a tmpfs the call's memory would be
+    charged for), and the trainer, whose mounts are untouched, never reads them.
+    """
+    if not os.path.isdir(NEUTRAL_CALLS_DIR):
+        return None
+    try:
+        linux.unshare(linux.CLONE_NEWNS)
+        linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+        linux.mount(os.path.join(workdir, "calls"), NEUTRAL_CALLS_DIR, None, linux.MS_BIND)
+    except OSError:
+        return None
+    return NEUTRAL_CALLS_DIR
 
 
 def enter_server_namespaces() -> list[str]:
@@ -994,10 +1021,22 @@ def probe_full(
     boot_path: str,
     use_seccomp: bool,
     off: frozenset[str] = frozenset(),
+    calls_dir: str | None = None,
 ) -> str | None:
     """Run one call at the full level; the error text if it does not work."""
     zygote = Zygote(
-        0, FULL, workdir, False, real_root, uid_base, None, 256, boot_path, use_seccomp, off=off
+        0,
+        FULL,
+        workdir,
+        False,
+        real_root,
+        uid_base,
+        None,
+        256,
+        boot_path,
+        use_seccomp,
+        off=off,
+        calls_dir=calls_dir,
     )
     left, right = socket.socketpair()
     handler = Handler(left, right, FULL)
@@ -1089,16 +1128,21 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             cgroups.Group({k: v for k, v in group.dirs.items() if k == "v2"}).enter()
     level = BASIC
+    calls_dir: str | None = None  # the host path, unless neutral_calls_dir gives another
     if args.isolation == "none":
         missing.append("namespaces (disabled: isolation='none')")
     else:
         ns_missing = enter_server_namespaces()
         missing += ns_missing
         if not ns_missing:
-            error = probe_full(workdir, real_root, uid_base, args.boot_path, use_seccomp, off)
+            calls_dir = neutral_calls_dir(workdir)
+            error = probe_full(
+                workdir, real_root, uid_base, args.boot_path, use_seccomp, off, calls_dir
+            )
             if error is None:
                 level = FULL
             else:
+                calls_dir = None
                 missing.append(f"per-call mount/PID namespaces ({error})")
     if not real_root and level == BASIC:
         missing.append("a dedicated uid (the server is not root, so calls share its uid)")
@@ -1186,6 +1230,7 @@ def main(argv: list[str] | None = None) -> None:
                     use_seccomp,
                     landlock_abi,
                     off,
+                    calls_dir,
                 ).serve(zygote_side)
             finally:
                 os._exit(0)

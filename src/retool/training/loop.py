@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.data import load_dataset, take_batch
 from retool.reward import default_checker, load_reward_function
@@ -124,9 +125,7 @@ def train(
                             reuse=reuse,
                         )
                 finally:
-                    close = getattr(sampler, "close", None)
-                    if close is not None:
-                        close()
+                    close_quietly(sampler, "sampler")
                 session.guard.check()
                 # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
                 with phases("datums"):
