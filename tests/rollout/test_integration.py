@@ -14,8 +14,7 @@ from retool.config import RolloutConfig
 from retool.data.demo import demo_examples
 from retool.rollout import StopReason, rollout_batch
 from retool.sandbox import LocalSandbox
-from retool.types import ModelInput, SampledSequence, SampleResponse
-from retool.types import StopReason as SamplerStop
+from retool.types import ModelInput, SampledSequence, SampleResponse, SamplerStop
 from tests.rollout.fakes import call_text
 
 CONFIG = RolloutConfig(

@@ -62,8 +62,7 @@ from retool.rollout.types import (
     Trajectory,
 )
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
-from retool.types import ModelInput, SampledSequence, SamplingParams
-from retool.types import StopReason as SamplerStop
+from retool.types import ModelInput, SampledSequence, SamplerStop, SamplingParams
 
 log = logging.getLogger(__name__)
 
