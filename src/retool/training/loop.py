@@ -633,17 +633,14 @@ class PeriodicEval:
         return self.due(step) and (not path.exists() or load_results(path).summary is None)
 
     def run(self, step: int) -> None:
-        from retool.evaluation import evaluate
+        from retool.evaluation import evaluate, prepare_evaluation
 
         session, cfg = self.session, self.config.train
         session.display.new_step(f"eval after step {step}")
         session.run.eval_dir.mkdir(exist_ok=True)
         sampler = session.trainer.save_weights_and_get_sampling_client()
         try:
-            summary = evaluate(
-                sampler,
-                session.trainer.get_tokenizer(),
-                self.sandbox,
+            evaluation = prepare_evaluation(
                 self.examples,
                 self.config.rollout,
                 n=cfg.eval_n,
@@ -653,6 +650,13 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
+                tools=self.sandbox is not None,
+            )
+            summary = evaluate(
+                sampler,
+                session.trainer.get_tokenizer(),
+                self.sandbox,
+                evaluation,
                 progress=lambda event: session.display.advance(event.count),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
