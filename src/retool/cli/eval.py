@@ -163,9 +163,9 @@ def _flags(args: argparse.Namespace) -> list[str]:
 
 def _sampling(rollout: RolloutConfig, given: frozenset[str]) -> RolloutConfig:
     """The evaluation's own sampling defaults, where no file, ``--set`` or flag gave the key."""
-    defaults = {"temperature": EVAL_TEMPERATURE, "top_p": EVAL_TOP_P}
-    missing = {key: value for key, value in defaults.items() if f"rollout.{key}" not in given}
-    return dataclasses.replace(rollout, **missing)
+    temperature = rollout.temperature if "rollout.temperature" in given else EVAL_TEMPERATURE
+    top_p = rollout.top_p if "rollout.top_p" in given else EVAL_TOP_P
+    return dataclasses.replace(rollout, temperature=temperature, top_p=top_p)
 
 
 def _dataset_key(spec: str) -> str:
