@@ -24,15 +24,15 @@ from retool.evaluation import (
     load_results,
     prepare_evaluation,
 )
+from tests.builders import scripted_rollout
 from tests.evaluation.test_results import SUMMARY_KEYS
 
-CONFIG = RolloutConfig(
+CONFIG = scripted_rollout(
     max_trajectory_tokens=1024,
     max_assistant_tokens=16,
     max_tool_response_tokens=64,
     max_assistant_turns=3,
     top_p=0.7,
-    retry_backoff=0.0,
 )
 TINY = (
     "--set",

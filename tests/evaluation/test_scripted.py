@@ -8,18 +8,17 @@ import json
 
 import pytest
 
-from retool.config import RolloutConfig
 from retool.data import MathExample
 from retool.evaluation import evaluate, load_results, prepare_evaluation
 from retool.sandbox import ErrorKind, ExecResult
+from tests.builders import scripted_rollout
 from tests.rollout.fakes import FakeSandbox, ScriptedSampler, answer_text, call_text
 
-CONFIG = RolloutConfig(
+CONFIG = scripted_rollout(
     max_trajectory_tokens=2048,
     max_assistant_tokens=128,
     max_tool_response_tokens=64,
     max_assistant_turns=3,
-    retry_backoff=0.0,
 )
 PROBLEMS = [
     MathExample("q1", "What is 3 + 4?", "7"),
@@ -76,12 +75,11 @@ def test_skipped_problems_still_get_rows(smol_tokenizer, tmp_path):
     """A first prompt longer than the budget sends no trajectory to ``progress``: its
     samples are still written (as excluded ``prompt_too_long``) before the summary."""
     out = tmp_path / "short.jsonl"
-    tight = RolloutConfig(
+    tight = scripted_rollout(
         max_trajectory_tokens=64,
         max_assistant_tokens=16,
         max_tool_response_tokens=16,
         min_observation_tokens=8,
-        retry_backoff=0.0,
     )
     sampler = ScriptedSampler(smol_tokenizer, _script)
     evaluation = prepare_evaluation(PROBLEMS, tight, n=3, output=out, settings={}, tools=False)
