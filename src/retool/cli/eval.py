@@ -26,8 +26,9 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from retool.backends import open_sampling_client, open_sandbox, service_client
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -36,10 +37,21 @@ from retool.cli.common import (
     load_command_config_given,
     say,
 )
+from retool.config import RolloutConfig
+from retool.data.files import check_output_file
 from retool.errors import ConfigError
-
-if TYPE_CHECKING:  # the CLI modules load the config only when a command runs
-    from retool.config import RolloutConfig
+from retool.evaluation import (
+    FieldNames,
+    compare,
+    evaluate,
+    format_comparison,
+    format_summary,
+    load_eval_examples,
+    prepare_evaluation,
+    resolve_model_spec,
+)
+from retool.reward import default_checker, load_reward_function
+from retool.training.run_lock import lock_output
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -195,15 +207,6 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.data.files import check_output_file
-    from retool.evaluation import (
-        FieldNames,
-        format_summary,
-        load_eval_examples,
-        prepare_evaluation,
-        resolve_model_spec,
-    )
-
     for flag, value in (
         ("--model", args.model),
         ("--dataset", args.dataset),
@@ -219,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         unused["sandbox"] = "--mode text runs no code"
     config, given = load_command_config_given(args, "eval", unused=unused, flags=_flags(args))
     output = check_output_file(args.output, flag="--output")
+    lock_output(output, "--output")  # a second `retool eval` on this file refuses at once
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
     examples = load_eval_examples(args.dataset, fields, args.limit)
     model = resolve_model_spec(args.model, backend=config.model.backend)
@@ -245,10 +249,6 @@ def run(args: argparse.Namespace) -> int:
     evaluation = prepare_evaluation(
         examples, rollout, n=n, output=output, settings=settings, tools=tools, seed_step=0
     )
-
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.evaluation import evaluate
-    from retool.reward import default_checker, load_reward_function
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
@@ -290,8 +290,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from retool.evaluation import compare, format_comparison
-
     evaluation_flags = {
         "--model": args.model,
         "--backend": args.backend,

@@ -9,10 +9,13 @@ trajectory (the same record the run directory keeps).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
+from retool.backends import open_sampling_client, open_sandbox, service_client
 from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
@@ -20,7 +23,12 @@ from retool.cli.common import (
     load_command_config,
     say,
 )
+from retool.data import load_dataset
+from retool.data.files import check_output_file
 from retool.errors import ConfigError
+from retool.evaluation.models import resolve_model_spec
+from retool.reward import default_checker, load_reward_function
+from retool.rollout import rollout_batch
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -111,21 +119,62 @@ UNUSED = {
 
 def _model_path(spec: str, config, flag: str) -> str:
     """What the backend opens for ``--model`` (checked before anything loads)."""
-    from retool.evaluation.models import resolve_model_spec
-
     return resolve_model_spec(spec, flag=flag, backend=config.model.backend).path
 
 
-def run(args: argparse.Namespace) -> int:
-    from retool.data import load_dataset
-    from retool.data.files import check_output_file
+ROLLOUT_KEYS = frozenset({"question_index", "group_index", "example_id", "stop_reason", "tokens"})
 
+
+def check_rollout_output(output: Path, dataset: str) -> None:
+    """Refuse to replace an input of this command or a file this command did not write.
+
+    ``--output`` is replaced whole, so it may only name a new file, an empty
+    one, or an earlier ``retool rollout --output`` (every line a trajectory
+    record), like ``eval --output`` refuses a file that is not a results file.
+    """
+    if not output.exists():
+        return
+    source = Path(dataset)
+    with contextlib.suppress(OSError):
+        if source.exists() and os.path.samefile(source, output):
+            raise ConfigError(
+                f"--output {output}: is the --dataset this command reads; write to another file"
+            )
+    if not _is_rollout_file(output):
+        raise ConfigError(
+            f"--output {output}: exists and is not a rollout file written by "
+            "`retool rollout --output` (replacing it would lose it); choose another file "
+            "or delete it first"
+        )
+
+
+def _is_rollout_file(path: Path) -> bool:
+    """Empty, or every line a trajectory record."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        return False
+    except OSError as exc:
+        raise ConfigError(f"--output {path}: cannot read it ({exc.strerror})") from None
+    for line in filter(str.strip, lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(record, dict) or not record.keys() >= ROLLOUT_KEYS:
+            return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
     unused = dict(UNUSED)
     if args.no_tools:
         unused["sandbox"] = "--no-tools runs no code"
     flags = [f"rollout.group_size={args.group_size}"] if args.group_size is not None else []
     config = load_command_config(args, "rollout", unused=unused, flags=flags)
     output = check_output_file(args.output, flag="--output") if args.output else None
+    if output is not None:
+        check_rollout_output(output, args.dataset)
     examples = load_dataset(args.dataset)
     if args.questions > len(examples):
         raise ConfigError(
@@ -137,13 +186,7 @@ def run(args: argparse.Namespace) -> int:
     path = _model_path(model, config, "--model" if args.model else "model.base_model")
     scorer = None
     if config.reward.function:
-        from retool.reward import load_reward_function
-
         scorer = load_reward_function(config.reward.function)
-
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.reward import default_checker
-    from retool.rollout import rollout_batch
 
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = None if args.no_tools else open_sandbox(config.sandbox)  # its limits fail fast

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.config import RolloutConfig, check_number
+from retool.checks import check_number
+from retool.config import RolloutConfig
 from retool.data.examples import MathExample
 from retool.errors import ConfigError, DataError
 from retool.evaluation.results import (
