@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from retool.backends import open_sampling_client, open_sandbox, service_client
+from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -51,6 +52,7 @@ from retool.evaluation import (
     resolve_model_spec,
 )
 from retool.reward import default_checker, load_reward_function
+from retool.sandbox import open_sandbox
 from retool.training.run_lock import lock_output
 
 EVAL_TEMPERATURE = 1.0
@@ -276,12 +278,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     step = f" (step {model.step})" if model.step is not None else ""
     print(f"{args.model}{step} on {args.dataset}, {mode} mode: {len(examples)} problems")
     print(format_summary(summary))

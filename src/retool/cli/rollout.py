@@ -15,7 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from retool.backends import open_sampling_client, open_sandbox, service_client
+from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
@@ -29,6 +30,7 @@ from retool.errors import ConfigError
 from retool.evaluation.models import resolve_model_spec
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import rollout_batch
+from retool.sandbox import open_sandbox
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -209,12 +211,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     print(f"{model} on {args.dataset}: {len(examples)} questions x {config.rollout.group_size}")
     print(format_table(result))
     print()

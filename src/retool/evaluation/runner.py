@@ -24,6 +24,7 @@ anything is sampled or written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -37,6 +38,7 @@ from typing import Any
 from retool.checks import check_number
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
+from retool.data.files import writing
 from retool.errors import ConfigError, DataError
 from retool.evaluation.results import (
     complete_problems,
@@ -170,6 +172,9 @@ def _placeholders(example: MathExample, slot: int, n: int) -> list[Trajectory]:
     ]
 
 
+_RERUN = "rows written so far are kept: rerun the same command to continue"
+
+
 class _Journal:
     """Appends one row per ended trajectory, flushed at once."""
 
@@ -189,8 +194,9 @@ class _Journal:
         row = sample_row(
             trajectory, trajectory.question_index, self.session, time.monotonic() - self.started
         )
-        self.handle.write(row_line(row))
-        self.handle.flush()
+        with writing(self.path, "results row", then=_RERUN):
+            self.handle.write(row_line(row))
+            self.handle.flush()
         self.written.add(key)
         self.rows.append(row)
 
@@ -202,12 +208,17 @@ class _Journal:
 
     def finish(self, summary: EvalSummary) -> None:
         """The summary line, after every row: the file is complete once it is on disk."""
-        self.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        with writing(self.path, "results summary", then=_RERUN):
+            self.handle.flush()
+            self.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
 
     def close(self) -> None:
-        self.handle.close()
+        # After a failed write (a full disk) the buffer still holds that row: closing
+        # retries it and would replace the error being reported with a bare OSError.
+        with contextlib.suppress(OSError):
+            self.handle.close()
 
 
 @dataclass(frozen=True)
@@ -290,7 +301,8 @@ async def evaluate_async(
     check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
     output.parent.mkdir(parents=True, exist_ok=True)
     kept = evaluation.resume.rows
-    write_atomic(output, [header_line(evaluation.settings), *(row_line(r) for r in kept)])
+    with writing(output, "results file", then="nothing was written"):
+        write_atomic(output, [header_line(evaluation.settings), *(row_line(r) for r in kept)])
     reuse = evaluation.reuse()
     journal = _Journal(output, evaluation.resume.session, progress)
     try:

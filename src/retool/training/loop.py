@@ -39,11 +39,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from retool.backends import open_sandbox
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.data import load_dataset, take_batch
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import rollout_batch
+from retool.sandbox import open_sandbox
 from retool.training.aggregation import scale_advantages
 from retool.training.cost import step_tokens
 from retool.training.datum import build_training_datums
@@ -123,9 +124,7 @@ def train(
                             reuse=reuse,
                         )
                 finally:
-                    close = getattr(sampler, "close", None)
-                    if close is not None:
-                        close()
+                    close_quietly(sampler, "sampler")
                 session.guard.check()
                 # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
                 with phases("datums"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results, prepare_evaluation
 from retool.reward import Scorer, default_checker
@@ -76,9 +77,7 @@ class PeriodicEval:
                 checker=self.checker,
             )
         finally:
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            close_quietly(sampler, "sampler")
         low, high = summary.average_at_n_ci
         line = (
             f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retool.backends import service_client
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.errors import ConfigError
 from retool.interrupts import InterruptGuard
@@ -226,9 +227,8 @@ class Session:
             self.run.close()
             if self.sink is not None:
                 self.sink.close()
-            close = getattr(self.service, "close", None)
-            if callable(close):  # a remote session ends now, not at process exit
-                close()
+            # a remote session ends now, not at process exit; a failing close only warns
+            close_quietly(self.service, "training service")
 
     def pack(self, datums: Sequence[TrainingDatum]) -> list[list[TrainingDatum]]:
         return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)
