@@ -53,6 +53,7 @@ from retool.rollout.advantages import assign_group_advantages
 from retool.rollout.budget import TurnPlan, fit_observation, plan_turn, wrapper_tokens
 from retool.rollout.result import RolloutCounters, RolloutResult
 from retool.rollout.seeds import FIRST_TURN_GROUP, sample_seed
+from retool.rollout.sync import synchronous
 from retool.rollout.types import (
     AssistantTurn,
     Observation,
@@ -62,8 +63,7 @@ from retool.rollout.types import (
     Trajectory,
 )
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
-from retool.types import ModelInput, SampledSequence, SamplingParams
-from retool.types import StopReason as SamplerStop
+from retool.types import ModelInput, SampledSequence, SamplerStop, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -589,44 +589,5 @@ async def rollout_batch_async(
     return await batch.run()
 
 
-def rollout_batch(
-    sampling_client: Any,
-    tokenizer: Any,
-    sandbox: Any | None,
-    examples: Sequence[MathExample],
-    config: RolloutConfig,
-    *,
-    step: int = 0,
-    progress: ProgressCallback | None = None,
-    checker: EquivalenceChecker | None = None,
-    reward_timeout: float = 5.0,
-    context_limit: int | None = None,
-    reuse: Mapping[int, Sequence[Trajectory]] | None = None,
-    scorer: Scorer | None = None,
-) -> RolloutResult:
-    """:func:`rollout_batch_async` from synchronous code (runs its own event loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "rollout_batch() was called from a running event loop; "
-            "use `await rollout_batch_async(...)` there"
-        )
-    return asyncio.run(
-        rollout_batch_async(
-            sampling_client,
-            tokenizer,
-            sandbox,
-            examples,
-            config,
-            step=step,
-            progress=progress,
-            checker=checker,
-            reward_timeout=reward_timeout,
-            context_limit=context_limit,
-            reuse=reuse,
-            scorer=scorer,
-        )
-    )
+# The same for synchronous callers (the training loop, `retool rollout`).
+rollout_batch = synchronous(rollout_batch_async)
