@@ -75,6 +75,7 @@ TMPFS_INODES = 4096  # files a call may create in its /tmp and /dev/shm
 PREPARE_AHEAD = 3  # calls each handler keeps prepared (or being prepared) ahead
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_STATUS = 70  # C's exit status when its set-up failed (a fact only with ready=0)
+CALL_NICE = 10  # a call's nice value above the trainer's (at most 19): never ahead of it
 
 
 # -- framing -------------------------------------------------------------------
@@ -210,6 +211,29 @@ def _apply_limits(request: dict[str, Any], own_uid: bool) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCS, MAX_PROCS))
 
 
+def _lower_priority(nice: int) -> None:
+    """Make the call never more important than the trainer, for good.
+
+    SCHED_OTHER whatever policy the trainer (and so the server) runs under, a
+    nice value ``nice`` (the trainer's plus ``CALL_NICE``), RLIMIT_NICE and
+    RLIMIT_RTPRIO 0 so that neither can be raised back by an unprivileged uid
+    (or root without capabilities), and the session's autogroup at the lowest
+    weight (an autogroup is a scheduling entity as heavy as the trainer's own
+    wherever no cpu cgroup holds the call; new sessions are a no-op for the code,
+    see :mod:`.seccomp`). Off the critical path: runs while the call is prepared.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as handle:
+        handle.write("19")
+    for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(limit, (0, 0))
+
+
 def _reseed() -> None:
     import random
 
@@ -331,6 +355,7 @@ class CallSpec:
     boot_path: str  # import path for fresh-interpreter mode
     seccomp: bytes | None = None  # the BPF program, built once per zygote
     landlock_abi: int = 0  # basic level: confine the call with Landlock (0: off)
+    nice: int = 19  # the call's nice value (the trainer's plus CALL_NICE)
 
 
 def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
@@ -339,6 +364,8 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
     parent = os.getppid()
     try:
         os.setsid()  # its own process group and session, away from B's
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # B has SIG_DFL
+        _lower_priority(spec.nice)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -366,10 +393,6 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
             )
         if spec.seccomp is not None:
             seccomp.install(spec.seccomp)
-        if not spec.fresh and (spec.level == FULL or spec.group is not None):
-            # Before the code arrives (off the critical path); something kills it.
-            with contextlib.suppress(OSError):
-                linux.pin_address_space()
         with os.fdopen(code_r, "rb") as handle:
             raw = handle.read()
         if not raw:
@@ -397,6 +420,14 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
             )
         os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
         os.close(ready_w)
+        if not spec.fresh and (spec.level == FULL or spec.group is not None):
+            # The pin shares our memory, so the code can steer it: it is created only
+            # now, with every limit, the seccomp filter and uid of the call already in
+            # force and no descriptor but stdio (code_r and ready_w are closed), so it
+            # can do nothing the call itself could not. Something kills it (cgroup,
+            # PID namespace).
+            with contextlib.suppress(OSError):
+                linux.pin_address_space()
         _reseed()
         status = _run_code(request["code"]) & 0xFF
     except BaseException:
@@ -425,6 +456,30 @@ def run_file() -> None:
     _exit(_run_code(code) & 0xFF)
 
 
+def _out_of_reach() -> None:
+    """Put B (the call's init) out of its call's reach, on every trainer.
+
+    Under a non-root trainer B and C share a uid, so by uid alone C could open
+    ``/proc/<B>/fd`` (drain the set-up byte: "the code did not run"), write
+    ``/proc/<B>/mem`` or signal B. Non-dumpable, B's ``/proc`` entries and
+    memory need ``CAP_SYS_PTRACE``, which the call never has (C inherits the flag;
+    the call's own processes are no one else's way in). Every signal is at its
+    default disposition: as PID 1 of its namespace (full level) B then receives
+    no signal from inside the namespace at all, not even SIGKILL; Python's SIGINT
+    handler would otherwise let the call stop B with a KeyboardInterrupt. At the
+    basic level B is out of reach by uid when the trainer is root, and by
+    Landlock's signal scope (ABI 6) otherwise, which ``missing`` reports.
+    """
+    linux.prctl(linux.PR_SET_DUMPABLE, 0)
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):  # SIG_IGN stays: C relies on it
+                signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server ignores it; B waits for C
+
+
 def _child_b(
     spec: CallSpec, code_r: int, done_w: int, out_fd: int, err_fd: int
 ) -> None:  # pragma: no cover - runs in a forked child
@@ -437,7 +492,7 @@ def _child_b(
     """
     try:
         _close_all_except(code_r, done_w, out_fd, err_fd, 0, 1, 2)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _out_of_reach()
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if spec.level == FULL:  # PID 1 already; the rest of the namespaces now
             linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS)
@@ -461,8 +516,8 @@ def _child_b(
         for fd in (code_r, out_fd, err_fd):
             os.close(fd)
         _, status = os.waitpid(pid_c, 0)
-        # Read after the exit (no wake-up mid-call), without blocking: C's pin
-        # may still hold a copy of the write end.
+        # Read after the exit (no wake-up mid-call), without blocking: an empty
+        # pipe means set-up never finished.
         os.set_blocking(ready_r, False)
         try:
             ready = os.read(ready_r, 1) == b"1"
@@ -524,6 +579,8 @@ class Zygote:
         self.new_root = os.path.join(workdir, "root")
         self.binds = tuple(readonly_paths())
         self.masks = tuple(masked_paths())
+        # The server's nice value is the trainer's (inherited): calls stay below it.
+        self.nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + CALL_NICE)
 
     def uid_for(self, counter: int) -> int | None:
         """A uid of its own for each call in flight, in this instance's block."""
@@ -562,6 +619,7 @@ class Zygote:
             self.boot_path,
             self.seccomp_program,
             self.landlock_abi if self.level == BASIC else 0,
+            self.nice,
         )
         code_r, code_w = os.pipe()
         done_r, done_w = os.pipe()
@@ -794,17 +852,22 @@ def _unlink(path: str) -> None:
 
 
 def _tail(path: str, cap: int) -> tuple[str, bool, int]:
-    """(the last ``cap`` bytes of a file decoded with replacement, cut, its size).
+    """(the last ``cap`` bytes of a file decoded with replacement, cut, the bytes
+    really written).
 
-    The cleaner thread deletes the file, after the reply."""
+    The last is what the file holds on disk, not its length: a call can seek to
+    the file cap's last byte and write one byte there, a length at the cap with
+    nothing written; the allocated blocks (never more than the length) are what
+    it wrote. The cleaner thread deletes the file, after the reply."""
     try:
         with open(path, "rb") as handle:
+            facts = os.fstat(handle.fileno())
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - cap))
             data = handle.read(cap)
     except FileNotFoundError:
         return "", False, 0
-    return data.decode("utf-8", errors="replace"), size > cap, size
+    return data.decode("utf-8", errors="replace"), size > cap, min(size, facts.st_blocks * 512)
 
 
 def kill_uid(uid: int) -> None:
