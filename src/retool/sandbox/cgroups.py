@@ -9,8 +9,10 @@ The v1 memory controller charges kernel memory (slab, tmpfs, memfd) to the
 same counter as user memory, so one limit covers all of it.
 
 CPU (the v1 ``cpu`` controller): the instance's group has ``cpu.shares``
-``INSTANCE_CPU_SHARES`` (half a nice-0 process: when the trainer and calls
-compete for a core, all calls together get at most a third of it) and each
+``INSTANCE_CPU_SHARES`` (one nice-0 process: when the trainer and calls compete
+for a core, all calls together get at most half of it, never more than the
+trainer, however many processes they run; a lower weight starved calls into
+their timeouts on a loaded machine) and each
 call's group at most ``CALL_CPUS`` CPUs (``cpu.cfs_quota_us``) at an equal
 share among calls, whatever number of processes or sessions it starts (in a
 cpu cgroup other than the root, sessions are no autogroups). Where the
@@ -30,7 +32,7 @@ import signal
 import time
 
 _KEYS = ("v2", "memory", "pids", "cpu")
-INSTANCE_CPU_SHARES = 512  # all calls of an instance against one nice-0 trainer thread: 1/3
+INSTANCE_CPU_SHARES = 1024  # all calls of an instance together weigh one nice-0 process
 CALL_CPUS = 1  # CPUs one call may use at most (its processes and threads together)
 _CFS_PERIOD_US = 100_000
 
