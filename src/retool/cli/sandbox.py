@@ -297,6 +297,8 @@ def _check(args: argparse.Namespace) -> int:
                 "private /tmp and /dev/shm; unprivileged uid or no capabilities; no_new_privs; "
                 "seccomp; a cgroup per call (memory, processes, kill); rlimits"
             )
+        for item in sandbox.layers:
+            _say(f"layer {item}")
         for item in sandbox.missing:
             _say(f"missing: {item}")
         if degraded:

@@ -226,6 +226,8 @@ class LocalSandbox:
         self.stats = SandboxStats()
         self.missing: list[str] = []  # what keeps this machine from full isolation
         self.preloaded: list[str] = []
+        self.layers: list[str] = []  # what holds here, one line per layer (``check``)
+        self.cpu_isolation = ""  # how a call's CPU is bounded: cgroup or fallback
         self.isolation_level = IsolationLevel.BASIC
         self._slots = threading.BoundedSemaphore(self.max_workers)
         self._idle: queue.SimpleQueue[tuple[int, socket.socket]] = queue.SimpleQueue()
@@ -287,6 +289,8 @@ class LocalSandbox:
         self.missing = list(ready["missing"])
         self.preloaded = list(ready["preloaded"])
         self._cgroup = ready.get("cgroup")
+        self.layers = list(ready.get("layers", []))
+        self.cpu_isolation = next((x for x in self.layers if x.startswith("cpu: ")), "")
         if self.isolation == "strict" and level != IsolationLevel.FULL:
             self._stop_server()
             raise SandboxError(

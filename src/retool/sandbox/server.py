@@ -496,6 +496,10 @@ def _child_b(
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if spec.level == FULL:  # PID 1 already; the rest of the namespaces now
             linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS)
+        # A trainer under a real-time policy passes it to the server and so to B:
+        # never to a call (and a cpu cgroup without real-time runtime refuses it).
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         if spec.group is not None:
             spec.group.enter()
         with contextlib.suppress(OSError):
@@ -1022,6 +1026,35 @@ def probe_full(
     return None
 
 
+def _round3_layers(group: cgroups.Group | None, level: str, real_root: bool) -> list[str]:
+    """What holds the call's CPU, init, helpers and verdicts here (for ``check``)."""
+    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + CALL_NICE)
+    if group is not None and group.cpu_bounded:
+        cpu = (
+            f"cpu: cgroup (all calls weigh one nice-0 process, cpu.shares "
+            f"{cgroups.INSTANCE_CPU_SHARES}; each call at most {cgroups.CALL_CPUS} CPU); "
+            f"SCHED_OTHER, nice {nice}"
+        )
+    else:
+        cpu = (
+            f"cpu: fallback (no cpu cgroup): SCHED_OTHER, nice {nice}, one session per "
+            "call (one autogroup), RLIMIT_CPU, the process cap"
+        )
+    if level == FULL:
+        reach = "PID 1 of its namespace (no signal from the call)"
+    elif real_root:
+        reach = "another uid than its call"
+    else:
+        reach = "Landlock's signal scope"
+    return [
+        cpu,
+        f"init: non-dumpable (no /proc/<pid>/fd or mem for the call), {reach}",
+        "helpers: the address-space pin starts after every limit, with stdio only",
+        "verdicts: timeout, memory and output only from the timer, the OOM counter "
+        "and the output's allocated size",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="retool.sandbox.server")
     parser.add_argument("--dir", required=True)
@@ -1095,6 +1128,12 @@ def main(argv: list[str] | None = None) -> None:
     landlock_abi = landlock.abi_version() if "landlock" not in disabled else 0
     if level == BASIC and landlock_abi == 0:
         missing.append("Landlock (the call sees the host filesystem as its uid may)")
+    if level == BASIC and not real_root and landlock_abi < 6:
+        missing.append(
+            "the call's init out of its reach (a non-root trainer's call shares its uid "
+            "and can signal it without Landlock's signal scope, ABI 6)"
+        )
+    layers = _round3_layers(group, level, real_root)
     preloaded: list[str] = []
     fresh = True
     for name in filter(None, args.preload.split(",")):
@@ -1119,6 +1158,7 @@ def main(argv: list[str] | None = None) -> None:
         "preloaded": preloaded,
         "pid": os.getpid(),
         "cgroup": None if group is None else group.dirs,
+        "layers": layers,
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
