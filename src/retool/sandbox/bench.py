@@ -115,7 +115,7 @@ def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print)
             )
         full_print = _time(lambda: ours.run(SNIPPETS["print"]), n)
     log("cost of each layer on `print` (full minus full-without-it, p50 ms):")
-    for layer in ("seccomp", "cgroups"):
+    for layer in ("seccomp", "cgroups", "cpu", "pin"):  # cpu: the cpu cgroup alone
         with _without(layer)(max_workers=w) as reduced:
             less = _time(partial(reduced.run, SNIPPETS["print"]), n)
         results[f"layer_{layer}"] = full_print.p50_ms - less.p50_ms

@@ -189,11 +189,11 @@ class Group:
             time.sleep(0.01)
 
 
-def instance_group(name: str) -> tuple[Group | None, list[str]]:
+def instance_group(name: str, skip: tuple[str, ...] = ()) -> tuple[Group | None, list[str]]:
     """Create this instance's group below the caller's own cgroups.
 
     Returns the group (None if no hierarchy is writable) and what
-    is missing.
+    is missing. ``skip``: hierarchies left out (for measuring their cost).
     """
     missing: list[str] = []
     dirs: dict[str, str] = {}
@@ -202,6 +202,9 @@ def instance_group(name: str) -> tuple[Group | None, list[str]]:
     except OSError as exc:
         return None, [f"cgroups ({exc.strerror})"]
     for key in _KEYS:
+        if key in skip:
+            missing.append(f"cgroup {key} (disabled)")
+            continue
         if key not in mounts or key not in own:
             missing.append(f"cgroup {key} hierarchy (not mounted)")
             continue

@@ -13,11 +13,11 @@ call can reach neither the fork server nor another call, and no netlink or
 packet socket. Syscalls of a foreign ABI (x32, i386 on x86_64) are refused.
 
 ``setsid`` succeeds without doing anything (it returns 0, the caller stays in
-the call's session): wherever no cpu cgroup holds the call, each new session is
-a scheduler autogroup of its own, as heavy as the trainer's whole session, so
-25 processes each in a session of its own took 25/26 of the machine. Nothing a
-call does needs a real new session (it has no terminal; its processes are
-killed by cgroup or PID namespace, not by session).
+the server's session): wherever no cpu cgroup holds the call, each new session
+is a scheduler autogroup of its own, as heavy as the trainer's whole session,
+so 25 processes each in a session of its own took 25/26 of the machine. Nothing
+a call does needs a real new session (it has no terminal; its processes are
+killed by cgroup, PID namespace or uid, not by session).
 """
 
 from __future__ import annotations
