@@ -314,7 +314,15 @@ def test_output_keeps_the_tail_within_the_cap(fusion):
 @pytest.mark.parametrize(
     "return_code, kind",
     # An exit status is the code's to choose: never memory (issue 21, class 5).
-    [(137, ErrorKind.ERROR), (-9, ErrorKind.ERROR), (-11, ErrorKind.CRASH), (2, ErrorKind.ERROR)],
+    [
+        (137, ErrorKind.ERROR),  # was memory: the code can sys.exit(137)
+        (152, ErrorKind.ERROR),  # was timeout (128 + SIGXCPU)
+        (153, ErrorKind.ERROR),  # was output (128 + SIGXFSZ)
+        (-9, ErrorKind.ERROR),
+        (-24, ErrorKind.ERROR),
+        (-11, ErrorKind.CRASH),
+        (2, ErrorKind.ERROR),
+    ],
 )
 def test_exit_statuses_map_to_error_kinds(fusion, return_code, kind):
     with client(fusion) as sb:
