@@ -93,7 +93,7 @@ def test_parse_override():
     ],
 )
 def test_check_number_names_the_field_and_the_range(value, kwargs, message):
-    from retool.config import check_number
+    from retool.checks import check_number
 
     with pytest.raises(ConfigError, match=message):
         check_number("x", value, **kwargs)
@@ -102,7 +102,7 @@ def test_check_number_names_the_field_and_the_range(value, kwargs, message):
 def test_check_number_accepts_numpy_scalars_and_bounds():
     import numpy as np
 
-    from retool.config import check_number
+    from retool.checks import check_number
 
     check_number("x", np.int64(3), 1, 3, integer=True)
     check_number("x", np.float32(0.5), 0, 1, low_open=True)

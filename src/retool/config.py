@@ -19,8 +19,6 @@ of hanging a worker pool or crashing at datum-build time, as the reference did.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import os
 import re
 import tomllib
@@ -30,57 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+# The limits each section checks belong to the code they protect (a config the
+# sandbox or a service would refuse is refused here, before anything starts).
+from retool.backends.pytrio import check_rank as check_pytrio_rank
+from retool.backends.tinker import check_rank as check_tinker_rank
+from retool.checks import SEED_MAX, check_device, check_number, check_path_text
+from retool.data.files import read_text
 from retool.errors import ConfigError
+from retool.protocol import PROTOCOL_NAMES
+from retool.sandbox.fusion import MAX_REQUEST_RETRIES, parse_endpoint
+from retool.sandbox.limits import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, MAX_WORKERS, MEMORY_MB_RANGE
 
 C = TypeVar("C")
-
-
-def check_number(
-    where: str,
-    value: Any,
-    low: float | None = None,
-    high: float | None = None,
-    *,
-    integer: bool = False,
-    low_open: bool = False,
-) -> None:
-    """The one numeric check: a real number (an integer if ``integer``), finite, in range.
-
-    ``low``/``high`` are inclusive bounds (``low_open`` excludes ``low``); ``None``
-    is unbounded on that side. A bool, a string or ``nan`` is refused with a
-    :class:`ConfigError` that names ``where`` (``"rollout.top_p"``,
-    ``"SamplingParams.max_tokens"``, ``"--questions"``) and the allowed range, so
-    every config field, CLI option and value class says the same thing the
-    same way. Upper bounds exist where a larger value is a typo that would
-    crash or hang later (a timeout that overflows ``time_t``, a group of a
-    billion samples), not to second-guess a user.
-    """
-    lower = f"{'>' if low_open else '>='} {format_bound(low)}" if low is not None else ""
-    upper = f"<= {format_bound(high)}" if high is not None else ""
-    bounds = " and ".join(b for b in (lower, upper) if b)
-    kind = "an integer" if integer else "a finite number"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        shown = f"the string {value!r}" if isinstance(value, str) else repr(value)
-        raise ConfigError(f"{where} must be {kind} {bounds}".rstrip() + f", got {shown}")
-    if (integer and not isinstance(value, numbers.Integral)) or not math.isfinite(value):
-        raise ConfigError(f"{where} must be {kind} {bounds}".rstrip() + f", got {value!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        raise ConfigError(f"{where} must be {bounds}, got {value}")
-    if high is not None and value > high:
-        both = " and ".join(b for b in (upper, lower) if b)  # the bound that failed first
-        raise ConfigError(f"{where} must be {both}, got {value}")
-
-
-def format_bound(bound: float) -> str:
-    """A bound as people write it: ``2**20``, ``2**32 - 1``, ``10**7``, ``1e+06``, ``0.5``."""
-    if isinstance(bound, int) and bound >= 2**20:
-        if bound & (bound - 1) == 0:
-            return f"2**{bound.bit_length() - 1}"
-        if bound & (bound + 1) == 0:
-            return f"2**{bound.bit_length()} - 1"
-        if str(bound).rstrip("0") == "1":
-            return f"10**{len(str(bound)) - 1}"
-    return f"{bound:g}" if isinstance(bound, float) else str(bound)
 
 
 def check_range(
@@ -118,16 +77,6 @@ def _positive(section: str, name: str, value: float, high: float | None = None) 
 
 def _at_least(section: str, name: str, value: float, low: float, high: float | None = None) -> None:
     check_range(section, name, value, low, high)
-
-
-def check_path_text(where: str, value: Any, *, empty: bool = False) -> None:
-    """A path or spec given as text: a string, not blank (unless ``empty``), no NUL byte."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where} must be a string, got {value!r}")
-    if not empty and not value.strip():
-        raise ConfigError(f"{where} must not be empty")
-    if "\0" in value:
-        raise ConfigError(f"{where} must not contain a NUL character, got {value!r}")
 
 
 LOSS_REDUCTIONS = ("auto", "sum", "active_token_mean", "advantage_token_mean")
@@ -214,20 +163,8 @@ class ModelConfig:
                     f"model.lora_rank = 0 (full fine-tuning) is not offered by {self.backend}: "
                     "it trains LoRA adapters; set model.lora_rank (for example 32)"
                 )
-            if self.backend == "pytrio":
-                from retool.backends.pytrio import check_rank
-            else:
-                from retool.backends.tinker import check_rank
+            check_rank = check_pytrio_rank if self.backend == "pytrio" else check_tinker_rank
             check_rank(self.lora_rank)
-
-
-def check_device(device: Any, where: str = "model.device") -> None:
-    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (availability is the backend's check)."""
-    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda|cuda:\d{1,3}|mps", device):
-        raise ConfigError(f"{where} must be auto, cpu, cuda, cuda:N or mps; got {device!r}")
-
-
-SEED_MAX = 2**32 - 1  # every seed fits numpy's and torch's generators
 
 
 @dataclass(frozen=True)
@@ -302,8 +239,6 @@ class RolloutConfig:
         _at_least("rollout", "temperature", self.temperature, 0)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        from retool.protocol import PROTOCOL_NAMES
-
         if self.protocol not in PROTOCOL_NAMES:
             raise ConfigError(
                 f"rollout.protocol must be one of {', '.join(PROTOCOL_NAMES)}; "
@@ -338,16 +273,6 @@ class SandboxConfig:
     request_backoff: float = 0.5  # sandboxfusion: seconds before the first retry; doubles
 
     def __post_init__(self) -> None:
-        # The sandbox's own ranges (a config the sandbox would refuse is refused here),
-        # imported here because retool.sandbox imports this module (check_number).
-        from retool.sandbox.fusion import MAX_REQUEST_RETRIES, parse_endpoint
-        from retool.sandbox.limits import (
-            MAX_OUTPUT_BYTES,
-            MAX_TIMEOUT_S,
-            MAX_WORKERS,
-            MEMORY_MB_RANGE,
-        )
-
         _positive("sandbox", "timeout", self.timeout, MAX_TIMEOUT_S)
         check_range("sandbox", "memory_mb", self.memory_mb, *MEMORY_MB_RANGE, integer=True)
         # (0, n] is [1, n] for an integer, said as "> 0" like the other counts
@@ -641,8 +566,6 @@ def load_config(
     """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        from retool.data.files import read_text
-
         path = Path(path)
         text = read_text(path, what="config file", error=ConfigError)
         try:

@@ -38,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from retool.config import check_number
+from retool.checks import check_number
 from retool.errors import ConfigError
 
 T = TypeVar("T")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -99,7 +98,7 @@ def test_training_form_validation(tmp_path):
 
 
 def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
-    """The contract with retool.training.sft.run_sft, checked with a stand-in module."""
+    """The contract with retool.training.sft.run_sft, checked with a stand-in function."""
     calls = []
 
     class FakeRun:
@@ -112,7 +111,7 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
         calls.append((config, data_path, kwargs))
         return FakeRun()
 
-    monkeypatch.setitem(sys.modules, "retool.training.sft", types.SimpleNamespace(run_sft=run_sft))
+    monkeypatch.setattr(sft, "run_sft", run_sft)
     if sft not in retool.cli.COMMANDS:
         monkeypatch.setattr(retool.cli, "COMMANDS", (*retool.cli.COMMANDS, sft))
     data = tmp_path / "demos.jsonl"

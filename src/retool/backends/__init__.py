@@ -7,10 +7,16 @@ service client, so commands never branch on the backend themselves.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from retool.config import ModelConfig
+from retool.backends.pytrio import PytrioServiceClient
+from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
+from retool.sandbox import LocalSandbox
+from retool.sandbox.fusion import FusionSandbox
+
+if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
+    from retool.config import ModelConfig
 
 
 def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints") -> Any:
@@ -21,18 +27,15 @@ def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/check
     (see :mod:`retool.backends.remote`).
     """
     if model.backend == "local":
+        # here, not at the top: retool.backends.local imports torch (seconds to load)
         from retool.backends.local import LocalServiceClient
 
         return LocalServiceClient(
             device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root
         )
     if model.backend == "pytrio":
-        from retool.backends.pytrio import PytrioServiceClient
-
         return PytrioServiceClient(model, checkpoint_root=checkpoint_root)
     if model.backend == "tinker":
-        from retool.backends.tinker import TinkerServiceClient
-
         return TinkerServiceClient(model, checkpoint_root=checkpoint_root)
     raise ConfigError(f"model.backend must be local, pytrio or tinker; got {model.backend!r}")
 
@@ -52,8 +55,6 @@ def open_sandbox(config: Any) -> Any:
     here, so a wrong ``sandbox.url`` fails before anything else starts.
     """
     if config.backend == "sandboxfusion":
-        from retool.sandbox.fusion import FusionSandbox
-
         return FusionSandbox(
             config.url,
             timeout=config.timeout,
@@ -64,7 +65,6 @@ def open_sandbox(config: Any) -> Any:
             request_retries=config.request_retries,
             request_backoff=config.request_backoff,
         )
-    from retool.sandbox import LocalSandbox
 
     return LocalSandbox(
         timeout=config.timeout,

@@ -13,7 +13,7 @@ How the command ends, for every subcommand:
 * Ctrl-C, SIGTERM or SIGHUP: the command stops where it is, closes its
   sandbox, sampler and worker processes, removes its temporary files, prints
   one line and exits ``128 + signal`` (130, 143, 129); training first saves
-  the checkpoint its loop promises;
+  the checkpoint its loop promises (:mod:`retool.interrupts`);
 * anything else is a bug and keeps its traceback.
 """
 
@@ -22,16 +22,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from retool import __version__
 from retool.cli import demo, doctor, preflight, prepare_data, report, rollout, sandbox, sft, train
 from retool.cli import eval as eval_command
 from retool.cli.common import Parser
 from retool.errors import RetoolError
+from retool.interrupts import exit_status, quiet_leftover_interrupts, stop_on_signals
 
 COMMANDS = (
     prepare_data,
@@ -61,64 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the main thread is, like Ctrl-C's KeyboardInterrupt."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise Stopped(signum)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-# Ctrl-C gets a handler of our own, doing what Python's default does, because
-# asyncio.run replaces only the *default* one, with a handler that cancels the
-# main task and raises on the second Ctrl-C; a rollout still unwinding its
-# tasks then keeps sampling after the first (seen: still running 60 s later).
-_HANDLERS = {
-    signal.SIGINT: _raise_interrupt,
-    signal.SIGTERM: _raise_stopped,
-    signal.SIGHUP: _raise_stopped,
-}
-
-
-@contextlib.contextmanager
-def _signals() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP unwind the command at once (``finally`` blocks run)."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum, handler in _HANDLERS.items():
-            previous[signum] = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _interrupted(exc: KeyboardInterrupt) -> int:
-    signum = getattr(exc, "signum", signal.SIGINT)
-    text = str(exc) if getattr(exc, "signum", None) else ""
-    name = signal.Signals(signum).name
-    print(f"retool: {text or f'interrupted ({name})'}", file=sys.stderr)
-    return 128 + int(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    with _signals():
+    quiet_leftover_interrupts()
+    with stop_on_signals():
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help, --version, or a one-line argument error
             return exc.code if isinstance(exc.code, int) else 2
         except KeyboardInterrupt as exc:
-            return _interrupted(exc)
+            return exit_status(exc)
         if not getattr(args, "handler", None):
             parser.print_help()
             return 2
@@ -128,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"retool: error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP; training's Interrupted too
-            return _interrupted(exc)
+            return exit_status(exc)
         except BrokenPipeError:  # `retool ... | head`: the reader left; not an error of ours
             with contextlib.suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -36,7 +36,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from retool.errors import ConfigError
+from retool.checks import check_number, format_bound
+from retool.config import load_config, parse_override
+from retool.data.files import check_output_dir
+from retool.errors import ConfigError, DependencyError
+from retool.interrupts import Interrupted
+from retool.tracking.factory import PACKAGES
 
 PRECEDENCE = "a flag > --set > the --config file > the built-in default"
 
@@ -102,7 +107,6 @@ def add_number(
     **kwargs: Any,
 ) -> None:
     """An option whose value is checked (finite, in range) as it is parsed; --help states both."""
-    from retool.config import check_number, format_bound
 
     def parse(text: str) -> int | float:
         try:
@@ -173,8 +177,6 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _override_key(text: str) -> str:
-    from retool.config import parse_override
-
     section, key, _ = parse_override(text)
     return f"{section}.{key}"
 
@@ -198,8 +200,6 @@ def load_command_config(
     is refused rather than silently ignored. ``flags`` are the overrides the
     command's own flags stand for, applied last (:data:`PRECEDENCE`).
     """
-    from retool.config import load_config
-
     for text in args.overrides:
         key = _override_key(text)
         reason = unused.get(key) or unused.get(key.split(".", 1)[0])
@@ -215,8 +215,6 @@ def check_run_dir(path: str | os.PathLike[str], *, resume: bool, flag: str = "--
     model loads for nothing: a new run needs a directory that does not hold
     one; ``--resume`` needs one that does; either needs a writable place.
     """
-    from retool.data.files import check_output_dir
-
     path = Path(path)
     check_output_dir(path, flag=flag)
     holds_run = (path / "metrics.jsonl").exists() or (path / "checkpoints.jsonl").exists()
@@ -251,8 +249,7 @@ def run_dir_rollback(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        loop = sys.modules.get("retool.training.loop")
-        if loop is not None and isinstance(exc, loop.Interrupted):
+        if isinstance(exc, Interrupted):
             raise  # the loop said "continue with --resume": keep what --resume needs
         if fresh and _only_skeleton(path):
             for name in _SKELETON:
@@ -281,9 +278,6 @@ def check_tracker(tracker: str | None) -> None:
     """The tracker's package is installed (a ``DependencyError`` naming the extra otherwise)."""
     if tracker:
         import importlib.util
-
-        from retool.errors import DependencyError
-        from retool.tracking.factory import PACKAGES
 
         if importlib.util.find_spec(PACKAGES[tracker]) is None:  # without importing it (slow)
             raise DependencyError(

@@ -35,8 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.cli.common import add_config_options
+from retool.cli import eval as eval_command
+from retool.cli import sft, train
+from retool.cli.common import Parser, add_config_options
+from retool.config import load_config
+from retool.data.demo import demo_problems
+from retool.data.files import check_output_dir
+from retool.diagnostics.selfcheck import run_selfcheck
 from retool.errors import ConfigError
+from retool.evaluation import load_eval_examples, load_results, summarize
+from retool.training.run_dir import config_to_toml
 
 DEFAULT_CONFIG = Path("configs/demo.toml")
 QUICK = {"eval_limit": 8, "eval_n": 2, "sft_steps": 3, "sft_batch": 8, "rl_steps": 1}
@@ -130,12 +138,19 @@ def _minutes(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _parser() -> argparse.ArgumentParser:
+    """The commands the demo runs (``eval``, ``sft``, ``train``), parsed as ``retool`` does."""
+    parser = Parser(prog="retool")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (eval_command, sft, train):
+        module.add_parser(subparsers)
+    return parser
+
+
 def _command(argv: list[str]) -> None:
     """Run one ``retool`` command in this process, printed as a user would type it."""
-    from retool.cli import build_parser
-
     print(f"$ retool {shlex.join(argv)}", flush=True)
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     status = int(args.handler(args) or 0)
     if status != 0:
         raise ConfigError(f"`retool {argv[0]}` exited with status {status}; see above")
@@ -197,10 +212,6 @@ def _plan(config: Any, problems: int) -> list[Phase]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.config import load_config
-    from retool.data.demo import demo_problems
-    from retool.diagnostics.selfcheck import run_selfcheck
-
     config_path = args.config
     if config_path is None:
         if not DEFAULT_CONFIG.is_file():
@@ -210,14 +221,12 @@ def run(args: argparse.Namespace) -> int:
             )
         config_path = str(DEFAULT_CONFIG)
     config = load_config(config_path, args.overrides)
-    from retool.data.files import check_output_dir
 
     check_output_dir(args.output, flag="--output")
     if args.quick:
         config = dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
     _check(config)
     demo = config.demo
-    from retool.evaluation import load_eval_examples
 
     examples = load_eval_examples(demo.eval_dataset, limit=demo.eval_limit or None)
     phases = _plan(config, len(examples))
@@ -256,8 +265,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -> int:
-    from retool.training.run_dir import config_to_toml
-
     demo = config.demo
     # One file holds the effective settings (the --config file, --set and --quick):
     # every command gets it and nothing else, so each reads only the keys it uses
@@ -330,8 +337,6 @@ def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -
 
 
 def _results(evals: dict[str, Path], root: Path, policy: Path | None) -> None:
-    from retool.evaluation import load_results, summarize
-
     labels = {"base": "base", "sft": "SFT", "rl": "RL"}
     print("\nheld-out results (the same problems, samples and seeds for every policy):")
     header = (

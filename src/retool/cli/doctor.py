@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from retool.cli.common import add_config_options
+from retool.diagnostics.doctor import diagnose
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +28,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.diagnostics.doctor import diagnose
-
     report = diagnose(
         args.config, args.overrides, run_dir=args.run_dir, sandbox=not args.no_sandbox
     )

@@ -29,6 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from retool.backends import open_sampling_client, open_sandbox, service_client
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -37,7 +38,20 @@ from retool.cli.common import (
     load_command_config,
     say,
 )
+from retool.data.files import check_output_file, read_text
 from retool.errors import ConfigError
+from retool.evaluation import (
+    FieldNames,
+    check_resumable,
+    compare,
+    eval_settings,
+    evaluate,
+    format_comparison,
+    format_summary,
+    load_eval_examples,
+    resolve_model_spec,
+)
+from retool.reward import default_checker, load_reward_function
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -149,7 +163,6 @@ def _file_sets_sampling(config_path: str | None) -> set[str]:
     """The rollout sampling keys the config file sets itself."""
     if config_path is None:
         return set()
-    from retool.data.files import read_text
 
     try:
         raw = tomllib.loads(read_text(config_path, what="config file", error=ConfigError))
@@ -213,16 +226,6 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.data.files import check_output_file
-    from retool.evaluation import (
-        FieldNames,
-        check_resumable,
-        eval_settings,
-        format_summary,
-        load_eval_examples,
-        resolve_model_spec,
-    )
-
     for flag, value in (
         ("--model", args.model),
         ("--dataset", args.dataset),
@@ -262,10 +265,6 @@ def run(args: argparse.Namespace) -> int:
     rollout = dataclasses.replace(config.rollout, group_size=n)
     full = eval_settings(settings, rollout, n=n, examples=examples, tools=tools, seed_step=0)
     resume = check_resumable(output, full)  # refuse other settings before loading anything
-
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.evaluation import evaluate
-    from retool.reward import default_checker, load_reward_function
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
@@ -311,8 +310,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from retool.evaluation import compare, format_comparison
-
     evaluation_flags = {
         "--model": args.model,
         "--backend": args.backend,

@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from retool.cli.common import add_config_options, add_number
+from retool.config import load_config
+from retool.diagnostics.preflight import run_preflight
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -43,9 +45,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
-    from retool.config import load_config
-    from retool.diagnostics.preflight import run_preflight
 
     config = load_config(args.config, args.overrides)
     group = args.group_size or config.rollout.group_size

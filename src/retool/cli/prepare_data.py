@@ -13,6 +13,10 @@ import argparse
 from pathlib import Path
 
 from retool.cli.common import add_number
+from retool.data.dapo import prepare_dapo_math
+from retool.data.demo import SPLITS, demo_examples
+from retool.data.examples import write_jsonl
+from retool.data.files import staged_output
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,8 +57,6 @@ def _replaced(directory: Path, names: list[str]) -> None:
 
 
 def _run_dapo(args: argparse.Namespace) -> int:
-    from retool.data.dapo import prepare_dapo_math
-
     report = prepare_dapo_math(
         args.input, args.output_dir, dev_size=args.dev_size, seed=args.seed, flag="--output-dir"
     )
@@ -66,10 +68,6 @@ def _run_dapo(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from retool.data.demo import SPLITS, demo_examples
-    from retool.data.examples import write_jsonl
-    from retool.data.files import staged_output
-
     names = [f"{split}.jsonl" for split in SPLITS]
     counts = {}
     with staged_output(args.output_dir, flag="--output-dir", names=names) as staged:

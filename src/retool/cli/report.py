@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from retool.cli.common import HelpFormatter
+from retool.report import write_report
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,8 +52,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.report import write_report
-
     older = Path(args.output or Path(args.run_dir) / "report") / "report.html"
     existed = older.is_file()
     path = write_report(args.run_dir, args.eval_files, args.output)

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+from retool.backends import open_sampling_client, open_sandbox, service_client
 from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
@@ -20,7 +21,12 @@ from retool.cli.common import (
     load_command_config,
     say,
 )
+from retool.data import load_dataset
+from retool.data.files import check_output_file
 from retool.errors import ConfigError
+from retool.evaluation.models import resolve_model_spec
+from retool.reward import default_checker, load_reward_function
+from retool.rollout import rollout_batch
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -111,15 +117,10 @@ UNUSED = {
 
 def _model_path(spec: str, config, flag: str) -> str:
     """What the backend opens for ``--model`` (checked before anything loads)."""
-    from retool.evaluation.models import resolve_model_spec
-
     return resolve_model_spec(spec, flag=flag, backend=config.model.backend).path
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.data import load_dataset
-    from retool.data.files import check_output_file
-
     unused = dict(UNUSED)
     if args.no_tools:
         unused["sandbox"] = "--no-tools runs no code"
@@ -137,13 +138,7 @@ def run(args: argparse.Namespace) -> int:
     path = _model_path(model, config, "--model" if args.model else "model.base_model")
     scorer = None
     if config.reward.function:
-        from retool.reward import load_reward_function
-
         scorer = load_reward_function(config.reward.function)
-
-    from retool.backends import open_sampling_client, open_sandbox, service_client
-    from retool.reward import default_checker
-    from retool.rollout import rollout_batch
 
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = None if args.no_tools else open_sandbox(config.sandbox)  # its limits fail fast

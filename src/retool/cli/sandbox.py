@@ -18,15 +18,17 @@ import argparse
 import json
 import signal
 import sys
-import threading
 from collections.abc import Callable
-from typing import Any
 
+from retool.checks import check_number
 from retool.cli.common import add_number
-from retool.config import check_number
 from retool.errors import ConfigError
+from retool.interrupts import StopOnce
 from retool.protocol.sanitize import escape_control
+from retool.sandbox import IsolationLevel, LocalSandbox, format_tool_content
+from retool.sandbox.bench import run_bench
 from retool.sandbox.limits import MAX_CODE_BYTES, MAX_TIMEOUT_S, MEMORY_MB_RANGE
+from retool.sandbox.local import close_all
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _MAX_BENCH_N = 10_000
@@ -180,51 +182,6 @@ def _where(source: str, data: bytes, offset: int) -> str:
     return f"{source}: line {data.count(10, 0, offset) + 1}, byte offset {offset}"
 
 
-# -- interrupts ------------------------------------------------------------------
-class _Stopped(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached a ``retool sandbox`` command."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class _StopOnSignals:
-    """SIGINT/SIGTERM raise :class:`_Stopped` once; later ones are only recorded.
-
-    Raising once means the clean-up that the first interrupt starts (closing
-    the sandbox) cannot itself be interrupted and left half done; it is
-    bounded, so a second Ctrl-C only has to wait a moment.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._raised = False
-        self._previous: dict[int, Any] = {}
-
-    def defer(self) -> None:
-        """From now on, record signals without raising."""
-        self._raised = True
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is None:
-            self.signum = signum
-        if not self._raised:
-            self._raised = True
-            raise _Stopped(signum)
-
-    def __enter__(self) -> _StopOnSignals:
-        if threading.current_thread() is not threading.main_thread():
-            return self  # signals reach the main thread only (the CLI's)
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
 def _stoppable(work: Callable[[], int]) -> int:
     """Run ``work()``; on SIGINT/SIGTERM, stop it and exit 128 + the signal.
 
@@ -232,18 +189,12 @@ def _stoppable(work: Callable[[], int]) -> int:
     server and its temporary directory gone) before this returns, also one
     whose own ``close()`` the interrupt cut short.
     """
-    from retool.sandbox.local import close_all
-
     status = 0
-    with _StopOnSignals() as signals:
+    with StopOnce() as signals:
         try:
-            try:
-                status = work()
-            finally:
-                signals.defer()
-        except _Stopped:
-            pass
+            status = work()
         finally:
+            signals.defer()
             close_all()
     if signals.signum is not None:
         name = signal.Signals(signals.signum).name
@@ -254,8 +205,6 @@ def _stoppable(work: Callable[[], int]) -> int:
 
 # -- the verbs ---------------------------------------------------------------------
 def _exec(args: argparse.Namespace) -> int:
-    from retool.sandbox import LocalSandbox, format_tool_content
-
     check_number("--timeout (seconds)", args.timeout, 0, MAX_TIMEOUT_S, low_open=True)
     check_number("--memory-mb", args.memory_mb, *MEMORY_MB_RANGE, integer=True)
     timeout, memory_mb = args.timeout, args.memory_mb
@@ -276,8 +225,6 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from retool.sandbox import IsolationLevel, LocalSandbox
-
     def work() -> int:
         with LocalSandbox(max_workers=1, isolation=args.isolation) as sandbox:
             level = sandbox.isolation_level
@@ -309,8 +256,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from retool.sandbox.bench import run_bench
-
     check_number("--n", args.n, 1, _MAX_BENCH_N, integer=True)
     check_number("--workers", args.workers, 1, _MAX_BENCH_WORKERS, integer=True)
     n, workers = args.n, args.workers

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from retool.backends import open_sandbox
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -34,7 +35,13 @@ from retool.cli.common import (
     print_run,
     run_dir_rollback,
 )
+from retool.cli.train import preflight
+from retool.config import load_config
+from retool.data.demo import demo_problems
+from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
+from retool.training.sft import run_sft
+from retool.training.sft_data import load_conversations, make_demonstrations, write_conversations
 
 _RL_ONLY = "`retool sft` trains on demonstrations; this is an RL setting (`retool train`)"
 UNUSED = {
@@ -134,12 +141,6 @@ def _demo_split(spec: str) -> str:
 
 
 def run_make_demos(args: argparse.Namespace) -> int:
-    from retool.backends import open_sandbox
-    from retool.config import load_config
-    from retool.data.demo import demo_problems
-    from retool.data.files import check_output_file
-    from retool.training.sft_data import make_demonstrations, write_conversations
-
     training = {
         "--config": args.config,
         "--data": args.data,
@@ -182,9 +183,6 @@ def run_make_demos(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from retool.cli.train import preflight
-    from retool.training.sft_data import load_conversations
-
     if args.data is None:
         raise ConfigError("--data FILE.jsonl is required (write one with `retool sft make-demos`)")
     data = Path(args.data)
@@ -197,8 +195,6 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_command_config(args, "sft", unused=UNUSED)
     run_dir = preflight(args, config, evaluation=False)
     load_conversations(data)  # every line checked before a model loads
-
-    from retool.training.sft import run_sft
 
     with run_dir_rollback(run_dir):
         run = run_sft(

@@ -22,8 +22,14 @@ from retool.cli.common import (
     load_command_config,
     print_run,
     run_dir_rollback,
+    set_keys,
 )
+from retool.data import load_dataset
 from retool.errors import ConfigError
+from retool.evaluation import load_eval_examples
+from retool.reward import load_reward_function
+from retool.training.loop import train
+from retool.training.session import resolve_checkpoint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,13 +56,9 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
         run_dir, resume=args.resume, flag="--run-dir" if args.run_dir else "train.run_dir"
     )
     if args.init_from and not args.resume:
-        from retool.training.loop import resolve_checkpoint
-
         resolve_checkpoint(args.init_from)
     check_tracker(args.tracker)
     if evaluation and config.train.eval_every:
-        from retool.evaluation import load_eval_examples
-
         load_eval_examples(
             config.train.eval_dataset or config.data.dev, limit=config.train.eval_limit or None
         )
@@ -67,9 +69,6 @@ EVAL_KEYS = ("train.eval_dataset", "train.eval_n", "train.eval_limit")
 
 
 def run(args: argparse.Namespace) -> int:
-    from retool.cli.common import set_keys
-    from retool.data import load_dataset
-
     config = load_command_config(args, "train")
     if not config.train.eval_every:
         idle = [key for key in set_keys(args) if key in EVAL_KEYS]
@@ -81,11 +80,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = preflight(args, config, evaluation=True)
     load_dataset(config.data.train)
     if config.reward.function:
-        from retool.reward import load_reward_function
-
         load_reward_function(config.reward.function)
-
-    from retool.training.loop import train
 
     with run_dir_rollback(run_dir):
         run = train(

@@ -17,6 +17,7 @@ import random
 from collections.abc import Sequence
 from typing import TypeVar
 
+from retool.checks import check_number
 from retool.errors import ConfigError
 
 T = TypeVar("T")
@@ -52,8 +53,6 @@ def epoch_order(num_items: int, batch_size: int, seed: int, epoch: int) -> tuple
 
 def batch_indices(num_items: int, batch_size: int, step: int, seed: int) -> list[int]:
     """Indices of the examples in batch ``step`` (0-based)."""
-    from retool.config import check_number
-
     check_number("num_items", num_items, integer=True)
     if num_items <= 0:
         raise ConfigError("cannot draw batches from an empty dataset")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.checks import check_number
 from retool.data.examples import MathExample, write_jsonl
 from retool.data.files import check_output_dir, staged_output
 from retool.errors import DataError
@@ -100,8 +101,6 @@ def prepare_dapo_math(
     ``output_dir`` as it was. ``flag`` names ``output_dir`` in errors.
     """
     import pyarrow.parquet as pq
-
-    from retool.config import check_number
 
     input_path = Path(input_path)
     check_number("--dev-size", dev_size, 0, 10**7, integer=True)

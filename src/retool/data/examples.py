@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.data.files import as_path, decode_utf8, reason
 from retool.errors import DataError
 
 
@@ -75,8 +76,6 @@ def iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
     Lines are decoded one by one, so a byte that is not UTF-8 is reported at
     its line and column, like a JSON error; a byte-order mark is skipped.
     """
-    from retool.data.files import decode_utf8, reason
-
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a JSON lines file")
     if path.exists() and not path.is_file():
@@ -124,8 +123,6 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
     Raises :class:`DataError` for a missing file, a malformed line, a missing or
     empty ``question``/``answer``, a duplicate id, or an empty file.
     """
-    from retool.data.files import as_path
-
     path = as_path(path, "load_examples(path)")
     if not path.exists():
         raise DataError(f"{path}: no such file")
@@ -160,8 +157,6 @@ def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -
     files that must change together go through
     :func:`retool.data.files.staged_output`.
     """
-    from retool.data.files import as_path, reason
-
     path = as_path(path, "write_jsonl(path)")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     count = 0

@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool import __version__
+from retool.config import load_config
+from retool.data import load_dataset
 from retool.errors import RetoolError
+from retool.sandbox import IsolationLevel, LocalSandbox
 
 EXTRAS = ("local", "pytrio", "tinker", "track", "report")  # optional-dependency groups
 LOW_DISK = 2 << 30  # bytes: warn below this much free space for the run directory
@@ -129,6 +133,7 @@ def check_model(base_model: str, backend: str) -> Check:
     """Where ``model.base_model`` resolves (local); remote services resolve their own names."""
     if backend != "local":
         return Check("model", "info", f"{base_model}: resolved by the {backend} service")
+    # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local.models import resolve_model
 
     try:
@@ -141,8 +146,6 @@ def check_model(base_model: str, backend: str) -> Check:
 
 
 def check_data(spec: str, name: str) -> Check:
-    from retool.data import load_dataset
-
     try:
         examples = load_dataset(spec)
     except RetoolError as exc:
@@ -156,7 +159,6 @@ def check_sandbox(sandbox_config: Any) -> Check:
     if backend != "local":
         url = getattr(sandbox_config, "url", "")
         return Check("sandbox", "info", f"{backend} service {url}".strip())
-    from retool.sandbox import IsolationLevel, LocalSandbox
 
     try:
         sandbox = LocalSandbox(max_workers=1, preload=(), isolation=sandbox_config.isolation)
@@ -316,9 +318,6 @@ def diagnose(
     A config that does not load is itself a failed check. ``sandbox=False``
     skips starting the sandbox (the only check that spawns processes).
     """
-    from retool import __version__
-    from retool.config import load_config
-
     checks = [check_python(), Check("retool-rl", "info", __version__)]
     try:
         config = load_config(config_path, overrides)

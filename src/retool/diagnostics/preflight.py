@@ -35,10 +35,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from retool.backends import open_sampling_client, open_sandbox, service_client
 from retool.config import RunConfig
+from retool.data import load_dataset, take_batch
 from retool.errors import ConfigError
-from retool.rollout import RolloutResult, StopReason
+from retool.reward import default_checker, load_reward_function
+from retool.rollout import RolloutResult, StopReason, rollout_batch
 from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
+from retool.training.datum import build_training_datums
+from retool.training.session import resolve_checkpoint
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,
@@ -301,10 +306,7 @@ def open_policy(service: Any, config: RunConfig, init_from: str | None) -> tuple
     ``retool train --init-from`` loads them.
     """
     if not init_from:
-        from retool.backends import open_sampling_client
-
         return open_sampling_client(service, config.model.base_model), config.model.base_model
-    from retool.training.loop import resolve_checkpoint
 
     state = resolve_checkpoint(init_from)
     trainer = service.create_training_client_from_state(str(state))
@@ -320,12 +322,6 @@ def run_preflight(
     progress: Any = None,
 ) -> PreflightReport:
     """Roll out ``questions`` x ``group_size`` (default ``rollout.group_size``) and assess."""
-    from retool.backends import open_sandbox, service_client
-    from retool.data import load_dataset, take_batch
-    from retool.reward import default_checker, load_reward_function
-    from retool.rollout import rollout_batch
-    from retool.training.datum import build_training_datums
-
     if questions < 1:
         raise ConfigError(f"--questions must be >= 1, got {questions}")
     rollout_config = config.rollout

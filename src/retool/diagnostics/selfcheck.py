@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from retool.backends import open_sandbox
 from retool.config import RunConfig
 from retool.data.demo import DemoProblem
 from retool.protocol import ParseKind, get_protocol
@@ -47,7 +48,7 @@ def run_selfcheck(
     log: Callable[[str], None] = lambda _: None,
 ) -> SelfCheckReport:
     """Drive ``problems``' reference solutions through prompt, parse, sandbox and reward."""
-    from retool.backends import open_sandbox
+    # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local.models import load_tokenizer
 
     dialect = get_protocol(config.rollout.protocol)

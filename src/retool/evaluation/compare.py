@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from retool.data.files import as_path
 from retool.errors import DataError
 from retool.evaluation.results import load_results
 from retool.evaluation.stats import (
@@ -102,8 +103,6 @@ class Comparison:
 
 def compare(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str]) -> Comparison:
     """Compare two results files (see the module docstring); raises :class:`DataError`."""
-    from retool.data.files import as_path
-
     a = load_results(as_path(a_path, "compare(a_path)"))
     b = load_results(as_path(b_path, "compare(b_path)"))
     if a.n != b.n:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.checks import check_number
+from retool.data import load_dataset
 from retool.data.examples import MathExample, iter_jsonl
 from retool.errors import ConfigError, DataError
 
@@ -184,8 +186,6 @@ def load_eval_examples(
     ``spec``: ``demo`` (the demo test split), ``demo:SPLIT``, a ``.jsonl`` /
     ``.json`` / ``.parquet`` file, or a ``save_to_disk`` directory.
     """
-    from retool.config import check_number
-
     if not isinstance(spec, str) or not spec.strip():
         raise DataError(
             f"a dataset is demo, demo:SPLIT, a .jsonl/.parquet file or a save_to_disk "
@@ -200,8 +200,6 @@ def load_eval_examples(
         except ConfigError as exc:
             raise DataError(str(exc)) from None
     if spec == "demo" or spec.startswith("demo:"):
-        from retool.data import load_dataset
-
         examples = load_dataset(spec)
         return examples[:limit]
     path = Path(spec).expanduser()

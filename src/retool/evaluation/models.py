@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retool.errors import ConfigError
+from retool.training.run_dir import RunDirectory
 
 ALIASES = ("smollm2-135m-instruct", "tiny-random")
 
@@ -50,8 +51,6 @@ def _sampler_dir(run: Path, recorded: str) -> Path | None:
 
 
 def _from_run(spec: str, run: Path, step: int | None, flag: str = "--model") -> ModelSpec:
-    from retool.training.run_dir import RunDirectory
-
     try:
         records = RunDirectory(run).checkpoints()
     except Exception as exc:  # a damaged manifest

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.data.files import as_path, decode_utf8, read_bytes
 from retool.errors import DataError
 
 FORMAT = "retool-eval/1"
@@ -114,8 +115,6 @@ def sample_row(
 
 def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """Parsed lines with their numbers; a torn last line is dropped."""
-    from retool.data.files import decode_utf8, read_bytes
-
     data = read_bytes(path, what="results file", limit=2**31)
     whole = data.rfind(b"\n") + 1  # a torn tail may end inside a UTF-8 character
     text = decode_utf8(data[:whole], str(path)) + data[whole:].decode("utf-8", "replace")
@@ -141,8 +140,6 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 def load_results(path: str | os.PathLike[str]) -> EvalResults:
     """Read a results file written by :func:`retool.evaluation.evaluate` (torn tail tolerated)."""
-    from retool.data.files import as_path
-
     path = as_path(path, "load_results(path)")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a results .jsonl file")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.checks import check_number
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
 from retool.errors import ConfigError, DataError
@@ -49,6 +50,8 @@ from retool.rollout import (
     StopReason,
     Trajectory,
     check_context_limit,
+    rollout_batch,
+    rollout_batch_async,
 )
 
 # Rollout fields that decide the samples (the rest are concurrency and retry knobs).
@@ -217,8 +220,6 @@ def _prepare(
     tools: bool,
     seed_step: int,
 ) -> _Prepared:
-    from retool.config import check_number
-
     check_number("--val-n", n, 1, 1024, integer=True)
     if not isinstance(config, RolloutConfig):
         raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
@@ -280,8 +281,6 @@ def evaluate(
     scoring as in training. Synchronous: from inside an event loop use
     :func:`evaluate_async`.
     """
-    from retool.rollout import rollout_batch
-
     output = Path(output)
     prepared = _prepare(
         sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
@@ -325,8 +324,6 @@ async def evaluate_async(
     checker: Any | None = None,
 ) -> EvalSummary:
     """:func:`evaluate` for callers inside an event loop."""
-    from retool.rollout import rollout_batch_async
-
     output = Path(output)
     prepared = _prepare(
         sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step

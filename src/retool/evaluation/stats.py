@@ -35,6 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from retool.checks import check_number
+
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
@@ -44,8 +46,6 @@ PERMUTATION_DRAWS = 20000
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct."""
-    from retool.config import check_number
-
     for name, value in (("n", n), ("c", c), ("k", k)):
         check_number(f"pass_at_k {name}", value, integer=True)
     if not 0 <= c <= n:
@@ -102,8 +102,6 @@ def bootstrap_ci(
 
 
 def _checked(name: str, values: Sequence[float], resamples: int, level: float) -> np.ndarray:
-    from retool.config import check_number
-
     check_number(f"{name} resamples", resamples, 1, 10**7, integer=True)
     check_number(f"{name} level", level, 0, 1, low_open=True)
     data = np.asarray(values, dtype=float)

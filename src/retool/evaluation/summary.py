@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from retool.checks import check_number
 from retool.evaluation.results import complete_problems
 from retool.evaluation.stats import (
     BOOTSTRAP_RESAMPLES,
@@ -143,8 +144,6 @@ def _mean(values: list[float]) -> float:
 
 def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
     """Summarize sample rows of an evaluation with ``n`` samples per problem."""
-    from retool.config import check_number
-
     check_number("summarize n", n, 1, integer=True)
     rows = list(rows)
     problems = complete_problems(rows, n)

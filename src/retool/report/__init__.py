@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from retool.data.files import as_path, check_output_dir, staged_output
 from retool.errors import require
 from retool.report.inputs import (
     EvalResult,
@@ -50,6 +51,9 @@ from retool.report.inputs import (
     load_run,
     unique_labels,
 )
+from retool.report.page import render_page
+from retool.report.plots import plot_evals, plot_metrics
+from retool.report.viewer import build_viewer
 
 __all__ = ["EvalResult", "ReportError", "RunInputs", "load_eval_file", "load_run", "write_report"]
 
@@ -79,11 +83,6 @@ def write_report(
     (``model.base_model``) is loaded, and ``False`` colours whole messages by
     role instead. Raises :class:`ReportError` for bad inputs, before writing.
     """
-    from retool.data.files import as_path, check_output_dir, staged_output
-    from retool.report.page import render_page
-    from retool.report.plots import plot_evals, plot_metrics
-    from retool.report.viewer import build_viewer
-
     run = load_run(as_path(run_dir, "write_report(run_dir)"))
     target = as_path(output, "write_report(output)") if output is not None else run.path / "report"
     check_output_dir(target, flag="--output", error=ReportError)

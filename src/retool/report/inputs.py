@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retool.data.files import read_bytes
 from retool.errors import RetoolError
+from retool.evaluation.summary import summarize
 from retool.training.run_dir import RunDirectory
 
 
@@ -169,7 +171,6 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         raise ReportError(f"--eval {file}: no such file")
     if file.is_dir():
         raise ReportError(f"--eval {file}: is a directory, expected a .jsonl result file")
-    from retool.data.files import read_bytes
 
     data = read_bytes(file, flag="--eval", what="result file", error=ReportError, limit=2**31)
     try:
@@ -238,8 +239,6 @@ def _summary_from_rows(rows: Sequence[dict[str, Any]], n: Any) -> dict[str, Any]
     """
     if _is_number(n) and n >= 1:
         try:
-            from retool.evaluation.summary import summarize
-
             return dict(summarize(rows, int(n)).to_dict())
         except Exception:  # another version's format: fall back to the plain numbers
             pass

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from retool.protocol import get_protocol
 from retool.report.inputs import RunInputs
 from retool.training.run_dir import RunDirectory, read_rollouts
 
@@ -79,6 +80,7 @@ def clean(text: Any) -> str:
 @functools.lru_cache(maxsize=4)
 def cached_tokenizer(name: str) -> Any:
     """The run's tokenizer, loaded once per process (loading takes seconds)."""
+    # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local import load_tokenizer
 
     return load_tokenizer(name)
@@ -299,8 +301,6 @@ def _sft_question(record: dict[str, Any], index: int) -> dict[str, Any]:
 
 def _load_dialect_parser(name: str | None) -> Callable[[str], Any] | None:
     try:
-        from retool.protocol import get_protocol
-
         return get_protocol(name or "markdown").parse
     except Exception:
         return None

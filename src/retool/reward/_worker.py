@@ -7,13 +7,13 @@ import logging
 import sys
 import warnings
 
+from retool.reward.verify import equivalent_in_process
+
 
 def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.CRITICAL)  # math-verify logs every parse failure
     import math_verify  # noqa: F401 - pay the imports before saying ready
-
-    from retool.reward.verify import equivalent_in_process
 
     equivalent_in_process("1", "1")
     sys.stdout.write('["ready"]\n')

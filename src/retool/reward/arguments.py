@@ -15,7 +15,7 @@ import numbers
 from decimal import Decimal
 from fractions import Fraction
 
-from retool.config import check_number
+from retool.checks import check_number
 from retool.errors import ConfigError
 
 MAX_TIMEOUT_S = 3600.0  # longest equivalence check, seconds (as reward.timeout)

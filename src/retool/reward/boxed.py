@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from retool.config import check_number
+from retool.checks import check_number
 from retool.reward.arguments import check_text
 
 TAIL_CHARS = 300

@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from retool.config import check_number
+from retool.checks import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import sanitize_observation
 from retool.sandbox.limits import (

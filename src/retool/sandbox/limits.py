@@ -14,7 +14,7 @@ accepts the others accept too:
   it is the model's code, not an infrastructure failure to retry.
 - Numbers (timeouts, memory, workers, output caps) are finite and within
   these ranges, checked once at construction with the project's one numeric
-  check (:func:`retool.config.check_number`): ``nan`` passes a ``<= 0`` test,
+  check (:func:`retool.checks.check_number`): ``nan`` passes a ``<= 0`` test,
   and ``inf`` or ``1e12`` seconds would only fail at the first call
   (``socket.settimeout``, a ``time_t`` overflow in ``select``).
 """

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from pathlib import Path
 
-from retool.config import check_number
+from retool.checks import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import sanitize_observation
 from retool.sandbox.limits import (

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from retool.errors import ConfigError, DependencyError, RetoolError
+from retool.tracking import backends
 from retool.tracking.base import BaseTracker, one_line
 
 TRACKERS = ("swanlab", "wandb", "tensorboard")
@@ -32,8 +33,6 @@ PACKAGES = {"swanlab": "swanlab", "wandb": "wandb", "tensorboard": "tensorboard"
 
 
 def _backend(kind: str) -> Callable[[Path, str, Mapping[str, Any]], BaseTracker]:
-    from retool.tracking import backends
-
     return {
         "swanlab": backends.SwanLabTracker,
         "wandb": backends.WandbTracker,

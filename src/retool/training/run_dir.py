@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.config import RunConfig
+from retool.config import RunConfig, load_config
 from retool.data.examples import MathExample
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
@@ -180,8 +180,6 @@ class RunDirectory:
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: RunConfig, resume: bool) -> RunDirectory:
         """Create a new run directory, or reopen one for ``--resume``."""
-        from retool.config import load_config
-
         run = cls(Path(path))
         holds_run = run.metrics_path.exists() or run.manifest_path.exists()
         if run.path.exists() and not run.path.is_dir():

@@ -7,7 +7,7 @@ its real output. Each conversation is rendered by
 token-exact continuation, so the supervised tokens are laid out exactly as
 the RL sampler will produce them; weight 1 sits on assistant tokens only.
 
-The loop is the RL loop's (:class:`~retool.training.loop.Session`): the same
+The loop is the RL loop's (:class:`~retool.training.session.Session`): the same
 run directory, checkpoints, resume and progress. ``train.questions_per_batch``
 conversations make one step (reshuffled every epoch), and the weights are
 scaled by ``train.loss_aggregation`` (``seq_mean``: each conversation weighs
@@ -23,9 +23,10 @@ from retool.data import take_batch
 from retool.errors import DataError
 from retool.protocol import get_protocol
 from retool.training.aggregation import scale_advantages
+from retool.training.cost import StepTokens
 from retool.training.datum import DatumError
-from retool.training.loop import Phases, Session
 from retool.training.run_dir import RunDirectory
+from retool.training.session import Phases, Session
 from retool.training.sft_data import build_sft_datum, load_conversations
 
 
@@ -78,8 +79,14 @@ def run_sft(
                 datums = scale_advantages(datums, cfg.loss_aggregation, len(datums))
                 micro_batches = session.pack(datums)
             session.display.advance(len(batch))
-            metrics = session.update(step, micro_batches, "cross_entropy", None, phases)
+            metrics = session.forward_backward(micro_batches, "cross_entropy", None, phases)
             metrics["sft/conversations"] = float(len(batch))
             records = [{"id": c.id, "messages": list(c.messages)} for c in batch]
-            session.commit(step, metrics, phases, records, summary=sft_summary)
+            tokens = StepTokens(trained=int(metrics["train/tokens"]))
+            with session.guard.critical():
+                session.optim_step(step, metrics, phases)
+                checkpoint = session.checkpoint_if_due(step, phases)
+                session.commit(step, metrics, phases, records, tokens)
+                session.add_checkpoint(step, checkpoint)
+            session.report(step, metrics, tokens, summary=sft_summary)
     return session.run

@@ -1,0 +1,83 @@
+"""``train.eval_every``: ``retool eval`` of the policy after a step, in the run directory.
+
+Runs after the step is committed (an evaluation is not part of the step's
+record), writes ``eval/step_NNNNNN.jsonl`` (resumable: a kill mid-evaluation
+is finished on ``--resume``) and sends ``eval/*`` to the tracker and
+``log.txt``. The sampling seeds are fixed (``seed_step=0``), so every
+evaluation of a run samples the same way and differences between steps are
+the policy's. It samples with the run's own ``[rollout]`` settings
+(temperature, top_p, budgets); a standalone ``retool eval`` defaults to
+top_p 0.7, so pass the same settings to compare the two.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from retool.config import RunConfig
+from retool.evaluation import evaluate, load_eval_examples, load_results
+from retool.reward import Scorer, default_checker
+from retool.training.session import Session
+
+
+class PeriodicEval:
+    """The evaluations one run asks for: which steps, which problems, and running one."""
+
+    def __init__(
+        self, config: RunConfig, session: Session, sandbox: Any, scorer: Scorer | None
+    ) -> None:
+        cfg = config.train
+        self.config, self.session, self.sandbox, self.scorer = config, session, sandbox, scorer
+        self.checker = None if scorer else default_checker(workers=config.reward.workers)
+        self.every = cfg.eval_every
+        self.dataset = cfg.eval_dataset or config.data.dev
+        self.examples = (
+            load_eval_examples(self.dataset, limit=cfg.eval_limit or None) if self.every else []
+        )
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step > 0 and step % self.every == 0
+
+    def pending(self, step: int) -> bool:
+        """Due after ``step`` and not finished (a resume after a kill mid-evaluation)."""
+        path = self.session.run.eval_path(step)
+        return self.due(step) and (not path.exists() or load_results(path).summary is None)
+
+    def run(self, step: int) -> None:
+        session, cfg = self.session, self.config.train
+        session.display.new_step(f"eval after step {step}")
+        session.run.eval_dir.mkdir(exist_ok=True)
+        sampler = session.trainer.save_weights_and_get_sampling_client()
+        try:
+            summary = evaluate(
+                sampler,
+                session.trainer.get_tokenizer(),
+                self.sandbox,
+                self.examples,
+                self.config.rollout,
+                n=cfg.eval_n,
+                output=session.run.eval_path(step),
+                settings={
+                    "model": f"{session.run.path}@{step}",
+                    "checkpoint_step": step,
+                    "dataset": self.dataset,
+                },
+                progress=lambda event: session.display.advance(event.count),
+                reward_timeout=self.config.reward.timeout,
+                scorer=self.scorer,
+                checker=self.checker,
+            )
+        finally:
+            close = getattr(sampler, "close", None)
+            if close is not None:
+                close()
+        low, high = summary.average_at_n_ci
+        line = (
+            f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "
+            f"[{low:.3f}, {high:.3f}], pass@{cfg.eval_n} {summary.pass_at_n:.3f}, "
+            f"format {summary.format_rate:.3f} on {len(self.examples)} problems"
+        )
+        session.run.log(line)
+        session.display.end_step(line, advance=False)
+        if session.sink is not None:
+            session.sink.log(summary.metrics(), step)

@@ -1,0 +1,335 @@
+"""What the RL loop and SFT share: the run directory, the trainer and the step's commit points.
+
+A :class:`Session` opens (or resumes) a run: the run directory, the
+training client, the spend ledger, the progress display and the interrupt
+guard. The loops call its phases in order, so each shows in the loop itself:
+
+* :meth:`Session.forward_backward` per micro-batch, merging the trainer's metrics;
+* :meth:`Session.optim_step`, the step's one optimizer step (none when nothing trains);
+* :meth:`Session.checkpoint_if_due`: state and sampler directories, each
+  renamed into place when complete;
+* :meth:`Session.commit`: the step's rollouts file and metrics line, the commit point;
+* :meth:`Session.add_checkpoint`: the manifest line, the checkpoint's commit point;
+* :meth:`Session.report`: the summary line, ``log.txt`` and the tracker.
+
+From ``optim_step`` to the manifest line the weights and the run directory
+disagree, so the loops run those four inside ``session.guard.critical()``:
+an interrupt there is deferred to its end. A kill between the metrics line
+and the manifest line leaves a complete step whose checkpoint does not exist
+yet, never a checkpoint without its step. :func:`emergency_checkpoint` saves
+the last completed step on any other exit when the weights are consistent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool.backends import service_client
+from retool.config import RunConfig
+from retool.errors import ConfigError, RetoolError
+from retool.interrupts import InterruptGuard
+from retool.tracking import Tracker, make_tracker
+from retool.training.cost import SpendLedger, StepTokens
+from retool.training.datum import TrainingDatum
+from retool.training.display import Display, step_summary
+from retool.training.faults import crash_point
+from retool.training.metrics import merge_trainer_metrics
+from retool.training.packing import pack_micro_batches, padded_area
+from retool.training.run_dir import RunDirectory
+from retool.types import AdamParams, ServiceClient, TrainingClient
+
+Summary = Callable[[int, int, dict[str, float]], str]
+
+
+@dataclass
+class LoopState:
+    """What the loop knows about the trainer's consistency, for emergency saves."""
+
+    completed: int = 0  # last step whose metrics line is written
+    checkpointed: int = -1  # step of the newest manifest line
+    consistent: bool = True  # weights == those after ``completed`` updates
+
+
+class Phases:
+    """Wall time per phase of one step."""
+
+    def __init__(self, on_phase: Callable[[str], None] | None = None) -> None:
+        self.seconds: dict[str, float] = {}
+        self.on_phase = on_phase
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.on_phase is not None:
+            self.on_phase(name)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - started
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{name}_s": value for name, value in self.seconds.items()}
+        out["time/step_s"] = sum(self.seconds.values())
+        return out
+
+
+def write_checkpoint(trainer: TrainingClient, step: int) -> tuple[str, str]:
+    """State and sampler weights (each directory renamed into place when complete)."""
+    name = f"step_{step:06d}"
+    state_path = trainer.save_state(name).result().path
+    crash_point("state", step)
+    sampler_path = trainer.save_weights_for_sampler(name).result().path
+    return state_path, sampler_path
+
+
+def save_checkpoint(
+    run: RunDirectory, trainer: TrainingClient, step: int, state: LoopState
+) -> None:
+    """Both directories, then the manifest line (the commit point)."""
+    run.add_checkpoint(step, *write_checkpoint(trainer, step))
+    state.checkpointed = step
+
+
+def resolve_checkpoint(spec: str) -> Path:
+    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
+    path = Path(spec)
+    if (path / "retool_state.json").is_file():
+        return path
+    if (path / "checkpoints.jsonl").is_file():
+        record = RunDirectory(path).last_checkpoint()
+        if record is None:
+            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
+        return Path(record.state_path)
+    raise RetoolError(
+        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
+        "(no checkpoints.jsonl)"
+    )
+
+
+def open_trainer(
+    service: ServiceClient,
+    config: RunConfig,
+    run: RunDirectory,
+    resume: bool,
+    init_from: str | None,
+) -> tuple[TrainingClient, int, LoopState]:
+    """The training client and the step to start from (0 = a new run)."""
+    state = LoopState()
+    last = run.last_checkpoint() if resume else None
+    if last is not None:
+        trainer = service.create_training_client_from_state_with_optimizer(last.state_path)
+        run.rewind(last.step)
+        state.completed = state.checkpointed = last.step
+        return trainer, last.step, state
+    if resume:
+        run.rewind(0)  # killed before the first checkpoint: start over, keep step 1's journal
+    if init_from:
+        trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
+    elif config.model.lora_rank > 0:
+        trainer = service.create_lora_training_client(
+            config.model.base_model, rank=config.model.lora_rank, seed=config.train.seed
+        )
+    else:
+        trainer = service.create_training_client(config.model.base_model, seed=config.train.seed)
+    return trainer, 0, state
+
+
+@contextlib.contextmanager
+def emergency_checkpoint(
+    run: RunDirectory, trainer: TrainingClient, state: LoopState
+) -> Iterator[None]:
+    """On any exit by exception, save the last completed step if it is consistent."""
+    try:
+        yield
+    except BaseException:
+        if state.consistent and state.completed > state.checkpointed and state.completed > 0:
+            try:
+                save_checkpoint(run, trainer, state.completed, state)
+                run.log(f"saved a checkpoint of step {state.completed} before stopping")
+            except Exception as exc:  # the original error matters more
+                run.log(f"could not save an emergency checkpoint: {exc}")
+        raise
+
+
+class Session:
+    """One run of the RL loop or of SFT: run directory, trainer, spend, display, guard."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        run_dir: str | None,
+        resume: bool,
+        init_from: str | None,
+        tracker: str | None,
+        progress: bool,
+        per_step: int,
+        unit: str,
+    ) -> None:
+        cfg = self.cfg = config.train
+        self.config = config
+        self.run = RunDirectory.open(run_dir or cfg.run_dir, config, resume)
+        self.sink: Tracker | None = None
+        if tracker:
+            self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
+        service = self.service = service_client(
+            config.model, checkpoint_root=self.run.checkpoint_root
+        )
+        self.trainer, self.start, self.state = open_trainer(
+            service, config, self.run, resume, init_from
+        )
+        limit = getattr(self.trainer, "max_context_tokens", None)
+        if isinstance(limit, int) and 0 < limit < cfg.max_train_tokens:
+            raise ConfigError(
+                f"train.max_train_tokens ({cfg.max_train_tokens}) is more than the trainer "
+                f"accepts ({limit} tokens for {config.model.base_model} on "
+                f"{config.model.backend}); lower it (and rollout.max_trajectory_tokens)"
+            )
+        # After open_trainer's rewind: the totals are those of the steps the run keeps.
+        self.spend = SpendLedger.from_metrics(config.cost, self.run.metrics())
+        self.budget_stop: str | None = None  # the line printed when the budget stopped the run
+        self.adam = AdamParams(
+            learning_rate=cfg.learning_rate,
+            beta1=cfg.beta1,
+            beta2=cfg.beta2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            grad_clip_norm=cfg.grad_clip_norm,
+        )
+        self.run.log(
+            f"{'resuming after' if self.start else 'starting at'} step {self.start}; "
+            f"{cfg.steps} steps"
+        )
+        self.display = Display(cfg.steps, self.start, per_step, progress, unit)
+        self.guard = InterruptGuard()
+
+    def steps(self) -> Iterator[int]:
+        """The steps left to run; stops early (see :meth:`stop_for_budget`) over budget."""
+        for step in range(self.start + 1, self.cfg.steps + 1):
+            reason = self.spend.over_budget()
+            if reason is not None:
+                self.stop_for_budget(step - 1, reason)
+                return
+            yield step
+
+    def stop_for_budget(self, completed: int, reason: str) -> None:
+        """Checkpoint the last completed step (unless it has one) and say why the run stops."""
+        state = self.state
+        if completed > 0 and state.checkpointed < completed and state.consistent:
+            with self.guard.critical():
+                save_checkpoint(self.run, self.trainer, completed, state)
+        self.budget_stop = (
+            f"budget stop after step {completed}: {reason}; checkpoint of step {completed} "
+            "saved; raise the limit in [cost] and --resume to continue"
+        )
+        self.run.log(self.budget_stop)
+        self.display.end_step(self.budget_stop, advance=False)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Session]:
+        """Signals become :class:`~retool.interrupts.Interrupted`; an exit saves what it can."""
+        try:
+            with self.guard.installed(), emergency_checkpoint(self.run, self.trainer, self.state):
+                yield self
+        finally:
+            self.display.close()
+            if self.sink is not None:
+                self.sink.close()
+            close = getattr(self.service, "close", None)
+            if callable(close):  # a remote session ends now, not at process exit
+                close()
+
+    def pack(self, datums: Sequence[TrainingDatum]) -> list[list[TrainingDatum]]:
+        return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)
+
+    def forward_backward(
+        self,
+        micro_batches: list[list[TrainingDatum]],
+        loss: str,
+        loss_config: dict[str, float] | None,
+        phases: Phases,
+    ) -> dict[str, float]:
+        """``forward_backward`` per micro-batch (gradients accumulate); the step's metrics."""
+        outputs = []
+        with phases("training"):
+            for micro_batch in micro_batches:
+                out = self.trainer.forward_backward(
+                    [d.datum for d in micro_batch], loss, loss_config
+                ).result()
+                outputs.append(out.metrics)
+        metrics: dict[str, float] = {
+            "train/datums": float(sum(len(b) for b in micro_batches)),
+            "train/micro_batches": float(len(micro_batches)),
+            "train/tokens": float(sum(d.num_tokens for b in micro_batches for d in b)),
+            "train/padded_tokens": float(padded_area(micro_batches)),
+            "train/update_skipped": float(not micro_batches),
+        }
+        metrics.update({f"train/{k}": v for k, v in merge_trainer_metrics(outputs).items()})
+        return metrics
+
+    def optim_step(self, step: int, metrics: dict[str, float], phases: Phases) -> None:
+        """The step's one optimizer step, unless nothing trained; adds ``optim/*`` to metrics.
+
+        From here to :meth:`commit` the weights are ahead of the run directory:
+        call it inside ``self.guard.critical()``.
+        """
+        if metrics["train/update_skipped"]:
+            return
+        self.state.consistent = False
+        with phases("training"):
+            optim = self.trainer.optim_step(self.adam).result()
+        crash_point("optim", step)
+        metrics.update({f"optim/{k}": v for k, v in optim.metrics.items()})
+
+    def checkpoint_if_due(self, step: int, phases: Phases) -> tuple[str, str] | None:
+        """The state and sampler directories when ``step`` is due (the last, every save_every)."""
+        cfg = self.cfg
+        if not (step == cfg.steps or bool(cfg.save_every and step % cfg.save_every == 0)):
+            return None
+        with phases("checkpoint"):
+            paths = write_checkpoint(self.trainer, step)
+        crash_point("checkpoint", step)
+        return paths
+
+    def commit(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        phases: Phases,
+        records: Sequence[Any],
+        tokens: StepTokens,
+    ) -> None:
+        """The step's rollouts file, then its metrics line (the step's commit point)."""
+        metrics.update(phases.metrics())
+        metrics.update(self.spend.metrics(tokens, step, self.cfg.steps))
+        self.run.complete_step(step, metrics, records)
+        self.spend.add(tokens)
+        self.state.completed, self.state.consistent = step, True
+        crash_point("committed", step)
+
+    def add_checkpoint(self, step: int, paths: tuple[str, str] | None) -> None:
+        """The manifest line of a checkpoint written this step (the checkpoint's commit point)."""
+        if paths is not None:
+            self.run.add_checkpoint(step, *paths)
+            self.state.checkpointed = step
+
+    def report(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        tokens: StepTokens,
+        note: str = "",
+        summary: Summary | None = None,
+    ) -> None:
+        """The step's summary line (stdout and ``log.txt``) and its metrics to the tracker."""
+        line = (summary or step_summary)(step, self.cfg.steps, metrics)
+        line += self.spend.summary(tokens) + note
+        self.run.log(line)
+        self.display.end_step(line)
+        if self.sink is not None:
+            self.sink.log(metrics, step)
