@@ -109,11 +109,16 @@ def parent(pid):
 me = os.getpid()
 helpers = []
 for entry in os.listdir('/proc'):
-    if entry.isdigit() and int(entry) != me:
+    if not entry.isdigit() or int(entry) == me:
+        continue
+    try:
+        mine = parent(int(entry)) == me
+    except OSError:  # another process of the host, gone meanwhile (basic level)
+        continue
+    if mine:
         try:
-            if parent(int(entry)) == me:
-                helpers.append({'fds': sorted(map(int, os.listdir(f'/proc/{entry}/fd'))),
-                                'limits': limits(int(entry))})
+            helpers.append({'fds': sorted(map(int, os.listdir(f'/proc/{entry}/fd'))),
+                            'limits': limits(int(entry))})
         except OSError as exc:
             helpers.append({'error': str(exc)})
 print(json.dumps({'self': limits(me), 'helpers': helpers}), flush=True)
