@@ -65,7 +65,7 @@ _THREAD_CAPS = (
 
 # The server's own code, copied out of the package: the server imports nothing
 # else of ours, so nothing of retool (data, answers) is importable in a call.
-_RUNTIME_MODULES = ("server", "linux", "seccomp", "landlock", "cgroups", "autoprint")
+_RUNTIME_MODULES = ("server", "runtime", "linux", "seccomp", "landlock", "cgroups", "autoprint")
 _RUNTIME_PACKAGE = "retool_sandbox_rt"
 _SERVER_BOOT = (
     "import sys; sys.path += sys.argv.pop(1).split(':'); "
@@ -287,9 +287,9 @@ class LocalSandbox:
         ready = json.loads(line)
         level = IsolationLevel(ready["level"])
         self.missing = list(ready["missing"])
+        self.layers = list(ready.get("layers", []))  # what isolates each call, one line each
         self.preloaded = list(ready["preloaded"])
         self._cgroup = ready.get("cgroup")
-        self.layers = list(ready.get("layers", []))
         self.cpu_isolation = next((x for x in self.layers if x.startswith("cpu: ")), "")
         if self.isolation == "strict" and level != IsolationLevel.FULL:
             self._stop_server()

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results
 from retool.reward import Scorer, default_checker
+from retool.training.faults import crash_point
 from retool.training.session import Session
 
 
@@ -62,15 +64,16 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
-                progress=lambda event: session.display.advance(event.count),
+                progress=lambda event: (
+                    session.display.advance(event.count),
+                    crash_point("eval", step),
+                ),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
                 checker=self.checker,
             )
         finally:
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            close_quietly(sampler, "sampler")
         low, high = summary.average_at_n_ci
         line = (
             f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "
