@@ -29,6 +29,15 @@ a trajectory that still fails ends as ``sampler_error`` / ``sandbox_error``
 and is excluded. A traceback or timeout of the model's own code is an
 observation like any other output.
 
+Exclusion is a reward channel (an excluded -1 becomes 0), so a sandbox failure
+excludes only on evidence the code cannot produce: the sandbox saw that the
+code never ran (``ExecResult.delivered`` is False: not delivered, or the call's
+set-up failed before any code, as its init observed). When any attempt's code
+was delivered and may have run (a handler or server that died mid-call, which
+the code could have caused), every attempt failing is that trajectory's
+failure: it ends as ``sandbox_unreported``, is scored (no answer: -1) and
+trains like any other, and ``rollout/sandbox_unreported`` counts it.
+
 Nothing here knows which backend it talks to: the sampler is anything with
 ``sample_async(ModelInput, num_samples, SamplingParams)``, the sandbox
 anything with ``arun(code)`` returning an :class:`~retool.sandbox.ExecResult`.
@@ -238,7 +247,11 @@ class _Batch:
 
     # -- tools -------------------------------------------------------------------
     async def _run_code(self, code: str, trajectory: Trajectory) -> tuple[ExecResult | None, int]:
+        """The result and the attempts made. ``None``: every attempt failed and the
+        sandbox saw the code never run (exclude); a ``SANDBOX`` result: every
+        attempt failed and one may have run (the trajectory's failure)."""
         attempts = 1 + self.config.sandbox_retries
+        may_have_run: ExecResult | None = None
         for attempt in range(attempts):
             if attempt:
                 self.counters.sandbox_retries += 1
@@ -256,9 +269,14 @@ class _Batch:
                 if result.error_kind != ErrorKind.SANDBOX:
                     return result, attempt + 1
                 trajectory.error = f"sandbox failure: {result.stderr.strip()[:200]}"
+                if result.delivered:
+                    may_have_run = result
             log.warning(
                 "sandbox call failed (attempt %d/%d): %s", attempt + 1, attempts, trajectory.error
             )
+        if may_have_run is not None:
+            self.counters.sandbox_unreported += 1
+            return may_have_run, attempts
         self.counters.sandbox_failures += 1
         return None, attempts
 
@@ -277,7 +295,7 @@ class _Batch:
             result, attempts = await asyncio.shield(task)
             return result, attempts, False
         result, _ = await asyncio.shield(task)
-        if result is None:  # the first run failed: do not share a failure
+        if result is None or result.error_kind == ErrorKind.SANDBOX:  # never share a failure
             result, attempts = await self._run_code(code, trajectory)
             return result, attempts, False
         self.counters.shared_code_hits += 1
@@ -458,6 +476,8 @@ class _Batch:
             result, attempts, shared = await self.execute(trajectory, parsed.code)
             if result is None:
                 return self.end(trajectory, StopReason.SANDBOX_ERROR)
+            if result.error_kind == ErrorKind.SANDBOX:  # it may have run: its own failure
+                return self.end(trajectory, StopReason.SANDBOX_UNREPORTED)
             content = format_tool_content(result, self.tool_timeout)
             fitted = await asyncio.to_thread(
                 fit_observation,
