@@ -7,19 +7,22 @@ service client, so commands never branch on the backend themselves.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from retool.backends.pytrio import PytrioServiceClient
 from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
 from retool.sandbox import LocalSandbox
 from retool.sandbox.fusion import FusionSandbox
+from retool.types import SamplingClient, Sandbox, ServiceClient
 
 if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
-    from retool.config import ModelConfig
+    from retool.config import ModelConfig, SandboxConfig
 
 
-def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints") -> Any:
+def service_client(
+    model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints"
+) -> ServiceClient:
     """A service client for ``model.backend``: local, or a PyTRIO / Tinker adapter.
 
     The remote adapters check their credential here, before any request, and
@@ -40,14 +43,14 @@ def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/check
     raise ConfigError(f"model.backend must be local, pytrio or tinker; got {model.backend!r}")
 
 
-def open_sampling_client(service: Any, model: str) -> Any:
+def open_sampling_client(service: ServiceClient, model: str) -> SamplingClient:
     """A sampling client for ``model``: saved sampler weights, or a base model name."""
     if (Path(model) / "retool_sampler.json").is_file():
         return service.create_sampling_client(model_path=model)
     return service.create_sampling_client(base_model=model)
 
 
-def open_sandbox(config: Any) -> Any:
+def open_sandbox(config: SandboxConfig) -> Sandbox:
     """The sandbox a ``SandboxConfig`` asks for: local, or a SandboxFusion service.
 
     Both give the same ``run`` / ``arun`` / ``close`` / ``stats`` and the same

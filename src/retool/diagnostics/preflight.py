@@ -357,9 +357,7 @@ def run_preflight(
         finally:
             if sandbox is not None:
                 sandbox.close()
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            sampler.close()
     datums = build_training_datums(result.trajectories, config.train.max_train_tokens)
     trained = trained_tokens(datums)
     return assess(result, config, trained=trained, model=model)

@@ -44,6 +44,7 @@ from retool.evaluation.results import (
     write_atomic,
 )
 from retool.evaluation.summary import EvalSummary, summarize
+from retool.reward import EquivalenceChecker, Scorer
 from retool.rollout import (
     ProgressCallback,
     ProgressEvent,
@@ -53,6 +54,7 @@ from retool.rollout import (
     rollout_batch,
     rollout_batch_async,
 )
+from retool.types import SamplingClient, Sandbox
 
 # Rollout fields that decide the samples (the rest are concurrency and retry knobs).
 SAMPLE_DECIDING = (
@@ -211,7 +213,7 @@ class _Prepared:
 
 
 def _prepare(
-    sampling_client: Any,
+    sampling_client: SamplingClient,
     examples: Sequence[MathExample],
     config: RolloutConfig,
     n: int,
@@ -226,7 +228,7 @@ def _prepare(
     if not examples:
         raise ConfigError("nothing to evaluate: the problem list is empty")
     config = dataclasses.replace(config, group_size=n)
-    check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
+    check_context_limit(config, sampling_client.max_context_tokens, "the sampler")
     full = eval_settings(settings, config, n=n, examples=examples, tools=tools, seed_step=seed_step)
     resume = check_resumable(output, full)
     reuse = {
@@ -256,9 +258,9 @@ def _finish(
 
 
 def evaluate(
-    sampling_client: Any,
+    sampling_client: SamplingClient,
     tokenizer: Any,
-    sandbox: Any | None,
+    sandbox: Sandbox | None,
     examples: Sequence[MathExample],
     config: RolloutConfig,
     *,
@@ -268,8 +270,8 @@ def evaluate(
     progress: ProgressCallback | None = None,
     seed_step: int = 0,
     reward_timeout: float = 5.0,
-    scorer: Any | None = None,
-    checker: Any | None = None,
+    scorer: Scorer | None = None,
+    checker: EquivalenceChecker | None = None,
 ) -> EvalSummary:
     """Sample every problem ``n`` times, write ``output``, return the summary.
 
@@ -308,9 +310,9 @@ def evaluate(
 
 
 async def evaluate_async(
-    sampling_client: Any,
+    sampling_client: SamplingClient,
     tokenizer: Any,
-    sandbox: Any | None,
+    sandbox: Sandbox | None,
     examples: Sequence[MathExample],
     config: RolloutConfig,
     *,
@@ -320,8 +322,8 @@ async def evaluate_async(
     progress: ProgressCallback | None = None,
     seed_step: int = 0,
     reward_timeout: float = 5.0,
-    scorer: Any | None = None,
-    checker: Any | None = None,
+    scorer: Scorer | None = None,
+    checker: EquivalenceChecker | None = None,
 ) -> EvalSummary:
     """:func:`evaluate` for callers inside an event loop."""
     output = Path(output)

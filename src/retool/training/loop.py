@@ -121,9 +121,7 @@ def train(
                             reuse=reuse,
                         )
                 finally:
-                    close = getattr(sampler, "close", None)
-                    if close is not None:
-                        close()
+                    sampler.close()
                 session.guard.check()
                 # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
                 with phases("datums"):

@@ -12,19 +12,18 @@ top_p 0.7, so pass the same settings to compare the two.
 
 from __future__ import annotations
 
-from typing import Any
-
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results
 from retool.reward import Scorer, default_checker
 from retool.training.session import Session
+from retool.types import Sandbox
 
 
 class PeriodicEval:
     """The evaluations one run asks for: which steps, which problems, and running one."""
 
     def __init__(
-        self, config: RunConfig, session: Session, sandbox: Any, scorer: Scorer | None
+        self, config: RunConfig, session: Session, sandbox: Sandbox, scorer: Scorer | None
     ) -> None:
         cfg = config.train
         self.config, self.session, self.sandbox, self.scorer = config, session, sandbox, scorer
@@ -68,9 +67,7 @@ class PeriodicEval:
                 checker=self.checker,
             )
         finally:
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            sampler.close()
         low, high = summary.average_at_n_ci
         line = (
             f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "

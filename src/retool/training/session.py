@@ -183,8 +183,8 @@ class Session:
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
-        limit = getattr(self.trainer, "max_context_tokens", None)
-        if isinstance(limit, int) and 0 < limit < cfg.max_train_tokens:
+        limit = self.trainer.max_context_tokens
+        if limit is not None and 0 < limit < cfg.max_train_tokens:
             raise ConfigError(
                 f"train.max_train_tokens ({cfg.max_train_tokens}) is more than the trainer "
                 f"accepts ({limit} tokens for {config.model.base_model} on "
@@ -240,9 +240,7 @@ class Session:
             self.display.close()
             if self.sink is not None:
                 self.sink.close()
-            close = getattr(self.service, "close", None)
-            if callable(close):  # a remote session ends now, not at process exit
-                close()
+            self.service.close()  # a remote session ends now, not at process exit
 
     def pack(self, datums: Sequence[TrainingDatum]) -> list[list[TrainingDatum]]:
         return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)

@@ -193,7 +193,8 @@ class LocalTrainingClient:
             ).last_hidden_state
             cache = DynamicCache(config=lm.config)
             for index, layer in enumerate(prefix_cache.layers):
-                keys, values = (t.expand(rows, -1, -1, -1) for t in (layer.keys, layer.values))
+                pair = (layer.keys, layer.values)  # type: ignore[union-attr]  # a full-attention layer
+                keys, values = (t.expand(rows, -1, -1, -1) for t in pair)  # type: ignore[union-attr]
                 cache.update(keys, values, index)
             positions = torch.arange(prefix, width, device=input_ids.device).unsqueeze(0)
             rest = lm.model(
