@@ -25,6 +25,21 @@ def procs_with(marker: str) -> list[int]:
     return found
 
 
+def procs_in(directory: str) -> list[int]:
+    """Pids whose working directory is ``directory`` or below it (a server's is its --dir,
+    which its command line no longer shows)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if cwd == directory or cwd.startswith(directory.rstrip("/") + "/"):
+                found.append(int(entry))
+    return found
+
+
 def wait_for(predicate, within: float = 10.0) -> bool:
     """Poll ``predicate`` until it holds (liveness, not a timing assert)."""
     deadline = time.monotonic() + within

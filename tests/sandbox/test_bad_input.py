@@ -25,7 +25,7 @@ from retool.errors import ConfigError, SandboxError
 from retool.sandbox import ErrorKind, LocalSandbox, format_tool_content
 from retool.sandbox.limits import MAX_CODE_BYTES
 
-from .helpers import REPO, appeared, daemon_code, kill_all, procs_with, wait_for
+from .helpers import REPO, appeared, daemon_code, kill_all, procs_in, procs_with, wait_for
 
 RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")
 INTERNALS = ("retool_sandbox_rt", "server.py", "autoprint.py", "sandbox setup failed")
@@ -229,7 +229,7 @@ def test_an_interrupt_while_the_sandbox_starts_leaves_nothing(tmp_path):
     )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().splitlines() == ["[]"] * 3
-    assert procs_with(str(tmp_path)) == []  # no server (its --dir is below tmp_path)
+    assert procs_in(str(tmp_path)) == []  # no server (its cwd, its --dir, is below tmp_path)
 
 
 # -- the API: arguments ------------------------------------------------------------------

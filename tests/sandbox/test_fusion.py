@@ -29,11 +29,21 @@ from typing import Any
 
 import pytest
 
-from retool.backends import open_sandbox
 from retool.config import SandboxConfig, load_config
 from retool.errors import ConfigError, SandboxError
-from retool.sandbox import MAX_CODE_BYTES, ErrorKind, FusionSandbox, format_tool_content
-from retool.sandbox.fusion import _RUNTIME, MAX_REQUEST_RETRIES, parse_endpoint, remote_program
+from retool.sandbox import (
+    MAX_CODE_BYTES,
+    ErrorKind,
+    FusionSandbox,
+    format_tool_content,
+    open_sandbox,
+)
+from retool.sandbox.fusion import (
+    _RUNTIME_SOURCE,
+    MAX_REQUEST_RETRIES,
+    parse_endpoint,
+    remote_program,
+)
 from retool.sandbox.limits import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, MAX_WORKERS, MEMORY_MB_RANGE
 
 try:  # the documented shapes, from the sandbox-fusion client package when it is installed
@@ -229,8 +239,8 @@ def test_runtime_error_is_the_traceback_of_the_snippet(fusion):
     assert len(fusion.requests) == 1  # never retried
 
 
-# Each snippet runs on both; any difference means fusion._RUNTIME (the driver's copy of
-# server.py's _run_code, _describe, _trim, _exit_status, _write_text) has drifted.
+# Each snippet runs on both: the local server imports runtime.py, the driver ships its
+# source; any difference means the shipped copy does not run as the imported one does.
 PARITY_CASES = [
     "import sys\nprint('a')\nsys.exit('bye')",
     "import sys\nsys.exit(3)",
@@ -270,8 +280,8 @@ RUNTIME_WORDS = ("<retool-runtime>", "<retool-autoprint>", "code.py", "_run_code
 def test_same_results_as_the_local_sandbox(fusion, sandbox, code):
     """The driver reproduces the local fork server's run: compare field by field.
 
-    A failure after a change to ``server._run_code`` (or what it calls) means
-    ``fusion._RUNTIME``, its copy for a plain interpreter, needs the same change.
+    A failure means runtime.py behaves differently when shipped as source
+    (compiled as ``<retool-runtime>`` in a plain interpreter) than imported.
     """
     with client(fusion, max_output_bytes=sandbox.max_output_bytes) as remote:
         here, there = sandbox.run(code), remote.run(code)
@@ -288,7 +298,7 @@ def test_same_results_as_the_local_sandbox(fusion, sandbox, code):
 
 def test_the_driver_is_python_3_8_syntax():
     """The service's interpreter may be older than ours (best effort: ``feature_version``)."""
-    for source in (remote_program("print(1)"), _RUNTIME):
+    for source in (remote_program("print(1)"), _RUNTIME_SOURCE):
         ast.parse(source, feature_version=(3, 8))
 
 

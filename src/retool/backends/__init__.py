@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING
 from retool.backends.pytrio import PytrioServiceClient
 from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
-from retool.sandbox import LocalSandbox
-from retool.sandbox.fusion import FusionSandbox
-from retool.types import SamplingClient, Sandbox, ServiceClient
+from retool.types import SamplingClient, ServiceClient
 
 if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
-    from retool.config import ModelConfig, SandboxConfig
+    from retool.config import ModelConfig
 
 
 def service_client(
@@ -48,31 +46,3 @@ def open_sampling_client(service: ServiceClient, model: str) -> SamplingClient:
     if (Path(model) / "retool_sampler.json").is_file():
         return service.create_sampling_client(model_path=model)
     return service.create_sampling_client(base_model=model)
-
-
-def open_sandbox(config: SandboxConfig) -> Sandbox:
-    """The sandbox a ``SandboxConfig`` asks for: local, or a SandboxFusion service.
-
-    Both give the same ``run`` / ``arun`` / ``close`` / ``stats`` and the same
-    ``ExecResult``s. A SandboxFusion service is checked with one test snippet
-    here, so a wrong ``sandbox.url`` fails before anything else starts.
-    """
-    if config.backend == "sandboxfusion":
-        return FusionSandbox(
-            config.url,
-            timeout=config.timeout,
-            memory_mb=config.memory_mb,
-            max_workers=config.max_workers,
-            max_output_bytes=config.max_output_bytes,
-            request_slack=config.request_slack,
-            request_retries=config.request_retries,
-            request_backoff=config.request_backoff,
-        )
-
-    return LocalSandbox(
-        timeout=config.timeout,
-        memory_mb=config.memory_mb,
-        max_workers=config.max_workers,
-        isolation=config.isolation,
-        max_output_bytes=config.max_output_bytes,
-    )

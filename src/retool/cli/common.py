@@ -230,7 +230,7 @@ def check_run_dir(path: str | os.PathLike[str], *, resume: bool, flag: str = "--
     return path
 
 
-_SKELETON = {"config.toml", "log.txt", "rollouts", "journal", "checkpoints"}
+_SKELETON = {"config.toml", "inputs.json", "log.txt", "rollouts", "journal", "checkpoints"}
 
 
 @contextlib.contextmanager

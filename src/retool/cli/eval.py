@@ -29,7 +29,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from retool.backends import open_sampling_client, open_sandbox, service_client
+from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -52,6 +53,8 @@ from retool.evaluation import (
     resolve_model_spec,
 )
 from retool.reward import default_checker, load_reward_function
+from retool.sandbox import open_sandbox
+from retool.training.run_lock import lock_output
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -241,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         unused["sandbox"] = "--mode text runs no code"
     config = load_command_config(args, "eval", unused=unused, flags=_flags(args))
     output = check_output_file(args.output, flag="--output")
+    lock_output(output, "--output")  # a second `retool eval` on this file refuses at once
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
     examples = load_eval_examples(args.dataset, fields, args.limit)
     model = resolve_model_spec(args.model, backend=config.model.backend)
@@ -296,12 +300,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     step = f" (step {model.step})" if model.step is not None else ""
     print(f"{args.model}{step} on {args.dataset}, {mode} mode: {len(examples)} problems")
     print(format_summary(summary))

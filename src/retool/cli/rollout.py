@@ -9,11 +9,14 @@ trajectory (the same record the run directory keeps).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
-from retool.backends import open_sampling_client, open_sandbox, service_client
+from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
@@ -27,6 +30,7 @@ from retool.errors import ConfigError
 from retool.evaluation.models import resolve_model_spec
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import rollout_batch
+from retool.sandbox import open_sandbox
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -120,6 +124,50 @@ def _model_path(spec: str, config, flag: str) -> str:
     return resolve_model_spec(spec, flag=flag, backend=config.model.backend).path
 
 
+ROLLOUT_KEYS = frozenset({"question_index", "group_index", "example_id", "stop_reason", "tokens"})
+
+
+def check_rollout_output(output: Path, dataset: str) -> None:
+    """Refuse to replace an input of this command or a file this command did not write.
+
+    ``--output`` is replaced whole, so it may only name a new file, an empty
+    one, or an earlier ``retool rollout --output`` (every line a trajectory
+    record), like ``eval --output`` refuses a file that is not a results file.
+    """
+    if not output.exists():
+        return
+    source = Path(dataset)
+    with contextlib.suppress(OSError):
+        if source.exists() and os.path.samefile(source, output):
+            raise ConfigError(
+                f"--output {output}: is the --dataset this command reads; write to another file"
+            )
+    if not _is_rollout_file(output):
+        raise ConfigError(
+            f"--output {output}: exists and is not a rollout file written by "
+            "`retool rollout --output` (replacing it would lose it); choose another file "
+            "or delete it first"
+        )
+
+
+def _is_rollout_file(path: Path) -> bool:
+    """Empty, or every line a trajectory record."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        return False
+    except OSError as exc:
+        raise ConfigError(f"--output {path}: cannot read it ({exc.strerror})") from None
+    for line in filter(str.strip, lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(record, dict) or not record.keys() >= ROLLOUT_KEYS:
+            return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     unused = dict(UNUSED)
     if args.no_tools:
@@ -127,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     flags = [f"rollout.group_size={args.group_size}"] if args.group_size is not None else []
     config = load_command_config(args, "rollout", unused=unused, flags=flags)
     output = check_output_file(args.output, flag="--output") if args.output else None
+    if output is not None:
+        check_rollout_output(output, args.dataset)
     examples = load_dataset(args.dataset)
     if args.questions > len(examples):
         raise ConfigError(
@@ -161,12 +211,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     print(f"{model} on {args.dataset}: {len(examples)} questions x {config.rollout.group_size}")
     print(format_table(result))
     print()

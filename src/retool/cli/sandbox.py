@@ -238,12 +238,8 @@ def _check(args: argparse.Namespace) -> int:
         _say(f"preloaded: {', '.join(sandbox.preloaded) or 'nothing (fresh interpreter per call)'}")
         for line in probe.stdout.strip().splitlines():
             _say(f"probe {line}")
-        if level == IsolationLevel.FULL:
-            _say(
-                "full isolation: mount, PID, IPC, UTS and network namespaces; read-only root; "
-                "private /tmp and /dev/shm; unprivileged uid or no capabilities; no_new_privs; "
-                "seccomp; a cgroup per call (memory, processes, kill); rlimits"
-            )
+        for layer in sandbox.layers:  # every layer in force, the server's own account
+            _say(f"layer: {layer}")
         for item in sandbox.missing:
             _say(f"missing: {item}")
         if degraded:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from retool.backends import open_sandbox
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -40,6 +39,8 @@ from retool.config import load_config
 from retool.data.demo import demo_problems
 from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
+from retool.sandbox import open_sandbox
+from retool.training.run_dir import released
 from retool.training.sft import run_sft
 from retool.training.sft_data import load_conversations, make_demonstrations, write_conversations
 
@@ -196,7 +197,7 @@ def run_train(args: argparse.Namespace) -> int:
     run_dir = preflight(args, config, evaluation=False)
     load_conversations(data)  # every line checked before a model loads
 
-    with run_dir_rollback(run_dir):
+    with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = run_sft(
             config,
             data,

@@ -29,7 +29,7 @@ from retool.errors import ConfigError
 from retool.evaluation import load_eval_examples
 from retool.reward import load_reward_function
 from retool.training.loop import train
-from retool.training.session import resolve_checkpoint
+from retool.training.run_dir import check_run_dir_free, released, resolve_checkpoint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +55,7 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
     check_run_dir(
         run_dir, resume=args.resume, flag="--run-dir" if args.run_dir else "train.run_dir"
     )
+    check_run_dir_free(run_dir)  # a second writer is refused before anything loads
     if args.init_from and not args.resume:
         resolve_checkpoint(args.init_from)
     check_tracker(args.tracker)
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if config.reward.function:
         load_reward_function(config.reward.function)
 
-    with run_dir_rollback(run_dir):
+    with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = train(
             config,
             run_dir=run_dir,

@@ -35,6 +35,7 @@ from typing import Any
 from retool import __version__
 from retool.config import load_config
 from retool.data import load_dataset
+from retool.data.files import check_output_dir
 from retool.errors import RetoolError
 from retool.sandbox import IsolationLevel, LocalSandbox
 
@@ -290,6 +291,28 @@ def check_credentials(backend: str) -> list[Check]:
     return out
 
 
+def check_run_dir(run_dir: str, resume: bool = False) -> Check:
+    """Whether ``retool train``/``sft`` would accept this run directory (with ``resume``)."""
+    path = Path(run_dir).expanduser()
+    try:
+        check_output_dir(path, flag="run directory")
+    except RetoolError as exc:
+        return Check("run directory", "fail", str(exc))
+    holds_run = path.is_dir() and any(
+        (path / name).exists() for name in ("config.toml", "metrics.jsonl", "checkpoints.jsonl")
+    )
+    if holds_run and not resume:
+        return Check(
+            "run directory",
+            "fail",
+            f"{path} already holds a run: `retool train --resume` continues it (doctor "
+            "--resume checks that), or choose another --run-dir",
+        )
+    if resume and not holds_run:
+        return Check("run directory", "fail", f"{path}: nothing to resume (no run there)")
+    return Check("run directory", "ok", f"{path} ({'resume' if resume else 'new run'})")
+
+
 def check_disk(run_dir: str) -> Check:
     """Free space where the run directory is (or would be created)."""
     path = Path(run_dir).expanduser().absolute()
@@ -312,6 +335,7 @@ def diagnose(
     *,
     run_dir: str | None = None,
     sandbox: bool = True,
+    resume: bool = False,
 ) -> DoctorReport:
     """Check this machine against the config (defaults without ``config_path``).
 
@@ -334,7 +358,13 @@ def diagnose(
     checks.append(check_extras(backend))
     checks += check_credentials(backend)
     checks.append(check_data(config.data.train, "data.train"))
+    if config.train.eval_every > 0:  # the periodic evaluation reads this split at step 1
+        name = "train.eval_dataset" if config.train.eval_dataset else "data.dev"
+        checks.append(check_data(config.train.eval_dataset or config.data.dev, name))
     if sandbox:
         checks.append(check_sandbox(config.sandbox))
-    checks.append(check_disk(run_dir or config.train.run_dir))
+    chosen = run_dir or config.train.run_dir
+    checks.append(check_run_dir(chosen, resume))
+    if checks[-1].status != "fail":
+        checks.append(check_disk(chosen))
     return DoctorReport(tuple(checks))

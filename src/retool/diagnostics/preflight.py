@@ -35,15 +35,16 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from retool.backends import open_sampling_client, open_sandbox, service_client
+from retool.backends import open_sampling_client, service_client
 from retool.config import RunConfig
 from retool.data import load_dataset, take_batch
 from retool.errors import ConfigError
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import RolloutResult, StopReason, rollout_batch
+from retool.sandbox import open_sandbox
 from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
 from retool.training.datum import build_training_datums
-from retool.training.session import resolve_checkpoint
+from retool.training.run_dir import resolve_checkpoint
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,

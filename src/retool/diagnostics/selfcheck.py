@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from retool.backends import open_sandbox
 from retool.config import RunConfig
 from retool.data.demo import DemoProblem
 from retool.protocol import ParseKind, get_protocol
 from retool.reward import score_many
-from retool.sandbox import format_tool_content
+from retool.sandbox import format_tool_content, open_sandbox
 from retool.training.sft_data import write_call_text
 
 

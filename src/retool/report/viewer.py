@@ -31,7 +31,9 @@ where it is tested:
   assistant messages carry the loss.
 * **Untrusted text.** Model output can contain anything. It is only ever put
   into the page as JSON data (see :mod:`retool.report.page`) and inserted with
-  ``textContent``; NUL characters are replaced with U+FFFD here.
+  ``textContent``; NUL characters are replaced with U+FFFD here, and other
+  control and invisible format characters (bidi overrides, tag characters...)
+  are shown escaped (:func:`retool.protocol.sanitize.escape_control`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retool.protocol import get_protocol
+from retool.protocol.sanitize import escape_control
 from retool.report.inputs import RunInputs
 from retool.training.run_dir import RunDirectory, read_rollouts
 
@@ -66,10 +69,11 @@ def select_steps(steps: Sequence[int]) -> list[int]:
 
 
 def clean(text: Any) -> str:
-    """A display string: non-strings as JSON, NUL as U+FFFD, very long texts cut."""
+    """A display string: non-strings as JSON, NUL as U+FFFD, controls and invisible
+    format characters escaped, very long texts cut."""
     if not isinstance(text, str):
         text = "" if text is None else json.dumps(text, ensure_ascii=False)
-    text = text.replace("\x00", "\ufffd")
+    text = escape_control(text.replace("\x00", "\ufffd"))
     if len(text) > MAX_MESSAGE_CHARS:
         half = MAX_MESSAGE_CHARS // 2
         cut = len(text) - 2 * half
@@ -111,7 +115,7 @@ class TokenTable:
         )
 
     def _piece(self, text: str) -> int:
-        text = text.replace("\x00", "\ufffd")
+        text = escape_control(text.replace("\x00", "\ufffd"))
         index = self._piece_index.get(text)
         if index is None:
             index = self._piece_index[text] = len(self.pieces)

@@ -55,6 +55,24 @@ def _time(fn: Callable[[], object], n: int) -> Timing:
         started = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - started) * 1000)
+    return _summary(samples)
+
+
+def _time_alternating(
+    first: Callable[[], object], second: Callable[[], object], n: int
+) -> tuple[Timing, Timing]:
+    """Timings of ``first`` and ``second``, their calls interleaved."""
+    first(), second()  # warm-up, not counted
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(n):
+        for fn, out in ((first, samples[0]), (second, samples[1])):
+            started = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - started) * 1000)
+    return _summary(samples[0]), _summary(samples[1])
+
+
+def _summary(samples: list[float]) -> Timing:
     ordered = sorted(samples)
     return Timing(
         statistics.median(samples), ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -69,6 +87,12 @@ def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
         return n / (time.perf_counter() - started)
     finally:  # interrupted: the queued calls are dropped, only running ones finish
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+# Layers that can be switched off one at a time (``--disable`` of the server): the
+# older two, and round three's per-call network and cgroup namespaces, minimal /etc
+# and /proc masks.
+LAYERS = ("seccomp", "cgroups", "netns", "cgroupns", "etc", "procmask")
 
 
 def _without(*layers: str) -> type[LocalSandbox]:
@@ -113,14 +137,16 @@ def run_bench(n: int = 30, workers: int = 2, log: Callable[[str], None] = print)
                 f"throughput (sympy snippet, {k} worker{'s' if k > 1 else ''}): fresh "
                 f"{ref_tp:.1f} req/s, ours {our_tp:.1f} req/s ({our_tp / ref_tp:.1f}x)"
             )
-        full_print = _time(lambda: ours.run(SNIPPETS["print"]), n)
-    log("cost of each layer on `print` (full minus full-without-it, p50 ms):")
-    for layer in ("seccomp", "cgroups"):
-        with _without(layer)(max_workers=w) as reduced:
-            less = _time(partial(reduced.run, SNIPPETS["print"]), n)
-        results[f"layer_{layer}"] = full_print.p50_ms - less.p50_ms
-        log(
-            f"  {layer:<8} full {full_print.p50_ms:.1f}, without {less.p50_ms:.1f}: "
-            f"{full_print.p50_ms - less.p50_ms:+.1f} ms"
-        )
+        log("cost of each layer on `print` (full minus full-without-it, p50 ms; the two")
+        log("sandboxes' calls alternate, so both see the same load):")
+        for layer in LAYERS:
+            with _without(layer)(max_workers=w) as reduced:
+                full_print, less = _time_alternating(
+                    partial(ours.run, SNIPPETS["print"]), partial(reduced.run, SNIPPETS["print"]), n
+                )
+            results[f"layer_{layer}"] = full_print.p50_ms - less.p50_ms
+            log(
+                f"  {layer:<9} full {full_print.p50_ms:.1f}, without {less.p50_ms:.1f}: "
+                f"{full_print.p50_ms - less.p50_ms:+.1f} ms"
+            )
     return results

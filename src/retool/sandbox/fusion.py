@@ -33,11 +33,12 @@ is refused before anything is sent, with the local sandbox's result
 the same ranges. The snippet is sent wrapped in a small driver
 (:func:`remote_program`) that runs it exactly as the local fork server does:
 compiled as ``<code>`` after the same AST auto-print
-(:mod:`retool.sandbox.autoprint`, shipped as source), and with a copy of the
-server's runtime, so a failure shows only the code's frames and its
-libraries' (never the driver's, also when the code closes stderr, empties
-``sys.modules`` or replaces ``os._exit`` or ``traceback``), compile failures
-as the code's own error, the same ``SystemExit`` handling and exit status, and
+(:mod:`retool.sandbox.autoprint`, shipped as source), by the fork server's own
+runtime (:mod:`retool.sandbox.runtime`, shipped as source too), so a failure
+shows only the code's frames and its libraries' (never the driver's, also
+when the code closes stderr, empties ``sys.modules`` or replaces ``os._exit``
+or ``traceback``), compile failures as the code's own error, the same
+``SystemExit`` handling and exit status, and
 the local calls' thread caps and matplotlib backend in ``os.environ``. Output
 is cut to the tail of ``max_output_bytes`` and sanitized as locally. What
 differs is the service's: its interpreter and packages (nothing is
@@ -78,7 +79,8 @@ from urllib.parse import urlsplit
 
 from retool.checks import check_number
 from retool.errors import ConfigError, SandboxError
-from retool.protocol.sanitize import sanitize_observation
+from retool.protocol.sanitize import escape_control, sanitize_observation
+from retool.sandbox import jsontail
 from retool.sandbox.limits import (
     MAX_OUTPUT_BYTES,
     MAX_TIMEOUT_S,
@@ -95,6 +97,8 @@ log = logging.getLogger(__name__)
 
 ISOLATION = "remote"  # ExecResult.isolation: whatever the service provides
 MAX_REPLY_BYTES = 4 * MAX_FILE_BYTES + (1 << 20)  # both streams at the local cap, JSON-escaped
+_MAX_ENVELOPE_BYTES = 1 << 20  # a reply's JSON but the long strings' contents
+_MAX_ERROR_BYTES = 1 << 16  # read of a non-200 reply's body
 MAX_REQUEST_RETRIES = 100  # retries of one call (more against a down service is a hang)
 _MAX_BACKOFF_S = 30.0  # longest wait before a retry, whatever request_backoff says
 _SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  # as LocalSandbox
@@ -104,114 +108,24 @@ _SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  #
 _CALL_ENV = {
     k: v for k, v in sandbox_env().items() if k.endswith("_NUM_THREADS") or k == "MPLBACKEND"
 }
-_AUTOPRINT_SOURCE = (Path(__file__).resolve().parent / "autoprint.py").read_text(encoding="utf-8")
-# The local fork server's runtime (server.py: _ours, _trim, _describe, _write_text,
-# _run_code, _exit_status), for the plain interpreter that runs the program sent.
-# It is compiled as "<retool-runtime>" and the auto-print as "<retool-autoprint>":
-# those are the frames trimmed here, as the runtime directory's are there. Standard
-# library only, Python 3.8 syntax (the service's interpreter may be older than ours),
-# no annotations. Keep the two in step: test_fusion.py runs the same snippets on both
-# (test_same_results_as_the_local_sandbox) and compares every field.
-_RUNTIME = """
-import builtins, contextlib, os, sys, traceback
-
-# Bound before the code runs: the code may replace these in os and traceback, and
-# the epilogue of _run_code (after the code) must still work.
-_write, _exit = os.write, os._exit
-_TracebackException = traceback.TracebackException
-_format_exception_only = traceback.format_exception_only
-_OWN_FILES = ("<retool-runtime>", "<retool-autoprint>")
-
-
-def _ours(filename):
-    return filename in _OWN_FILES or filename.startswith("<frozen importlib._")
-
-
-def _trim(te, seen):
-    if id(te) in seen:
-        return
-    seen.add(id(te))
-    te.stack[:] = [frame for frame in te.stack if not _ours(frame.filename)]
-    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
-        if other is not None:
-            _trim(other, seen)
-
-
-def _describe(exc):
-    try:
-        te = _TracebackException.from_exception(exc)
-        _trim(te, set())
-        return "".join(te.format())
-    except BaseException:
-        try:
-            return "".join(_format_exception_only(type(exc), exc))
-        except BaseException:
-            return "Error: the code raised an exception that cannot be shown\\n"
-
-
-def _write_text(fd, text):
-    data = memoryview(text.encode("utf-8", "backslashreplace"))
-    with contextlib.suppress(OSError):
-        while data:
-            data = data[_write(fd, data) :]
-
-
-def _run_code(code, add_autoprint):
-    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
-    sys.stdout, sys.stderr = out, err
-    sys.argv = ["<code>"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    status, message = 0, ""
-    try:
-        program = compile(add_autoprint(code), "<code>", "exec")
-    except BaseException as exc:
-        _write_text(2, _describe(exc))
-        return 1
-    try:
-        exec(program, namespace)
-    except SystemExit as exc:
-        status, message = _exit_status(exc)
-    except BaseException as exc:
-        status, message = 1, _describe(exc)
-    streams = [sys.stdout, sys.stderr, out, err]
-    for stream in [s for i, s in enumerate(streams) if all(s is not t for t in streams[:i])]:
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if message:
-        _write_text(2, message)
-    return status
-
-
-def _exit_status(exc):
-    code = exc.code
-    if code is None:
-        return 0, ""
-    if isinstance(code, int):
-        return code, ""
-    try:
-        return 1, f"{code}\\n"
-    except BaseException:
-        return 1, "<exit message str() failed>\\n"
-
-
-os.environ.update(_ENV)  # before the code imports numpy & co., which read them once
-_autoprint = {"__name__": "retool_autoprint"}
-exec(compile(_AUTOPRINT, "<retool-autoprint>", "exec"), _autoprint)
-_exit(_run_code(_CODE, _autoprint["add_autoprint"]) & 0xFF)
-"""
+# Shipped as source to the service: the auto-print and the runtime the local fork
+# server imports (one module, runtime.py, for both), so the code runs the same way.
+_HERE = Path(__file__).resolve().parent
+_AUTOPRINT_SOURCE = (_HERE / "autoprint.py").read_text(encoding="utf-8")
+_RUNTIME_SOURCE = (_HERE / "runtime.py").read_text(encoding="utf-8")
 
 
 def remote_program(code: str) -> str:
-    """The Python file sent for ``code``: the runtime above, run on the code.
+    """The Python file sent for ``code``: :mod:`retool.sandbox.runtime`, run on the code.
 
     Every part is an ASCII literal, so the service's file encoding cannot
     matter (``ascii()`` is lossless). The runtime runs in a namespace of its
-    own, not in the file's ``__main__``, which the code can import.
+    own named ``retool_runtime`` (its guard then runs the code), not in the
+    file's ``__main__``, which the code can import.
     """
     return (
         f"_AUTOPRINT = {_AUTOPRINT_SOURCE!a}\n_CODE = {code!a}\n_ENV = {_CALL_ENV!a}\n"
-        f"_RUNTIME = {_RUNTIME!a}\n"
+        f"_RUNTIME = {_RUNTIME_SOURCE!a}\n"
         'exec(compile(_RUNTIME, "<retool-runtime>", "exec"), {"__name__": "retool_runtime", '
         '"_AUTOPRINT": _AUTOPRINT, "_CODE": _CODE, "_ENV": _ENV})\n'
     )
@@ -345,6 +259,7 @@ class FusionSandbox:
         self.isolation_level = ISOLATION
         self.degraded = False
         self.missing: list[str] = []
+        self.layers: list[str] = []
         self.preloaded: list[str] = []
         self.connections_opened = 0  # TCP connections made (at most max_workers live)
         self.attempts = 0  # HTTP requests sent, retries included
@@ -464,9 +379,9 @@ class FusionSandbox:
                 hint = " (is sandbox.url the service's address?)" if status in (404, 405) else ""
                 raise _Final(f"SandboxFusion answered HTTP {status}{hint}: {_excerpt(data)}")
             try:
-                reply = json.loads(data)
+                reply = data
                 outcome = reply["status"]
-            except (ValueError, TypeError, KeyError):
+            except (TypeError, KeyError):
                 raise _Final(f"SandboxFusion sent a malformed reply: {_excerpt(data)}") from None
             if outcome == "SandboxError":
                 why = f"SandboxFusion reported SandboxError: {_excerpt(reply.get('message'))}"
@@ -474,8 +389,14 @@ class FusionSandbox:
             return reply
         raise _Final(f"{why} (after {attempts} attempt{'s' * (attempts > 1)})")
 
-    def _exchange(self, body: bytes, read_timeout: float) -> tuple[int, bytes]:
-        """One POST: (HTTP status, body). Raises ``_Retry`` when nothing came back.
+    def _exchange(self, body: bytes, read_timeout: float) -> tuple[int, Any]:
+        """One POST: (HTTP status, the decoded reply for 200, else the body's start).
+
+        Raises ``_Retry`` when nothing came back, ``_TooLarge`` past
+        ``MAX_REPLY_BYTES``, ``_Final`` for a reply that is not JSON. A reply
+        is read in pieces and only the tails this client keeps of its long
+        strings (stdout, stderr) are held (:mod:`retool.sandbox.jsontail`), so
+        memory per call does not grow with what the code printed.
 
         A pooled connection that fails before the reply's first byte was most
         likely closed by the server while idle: one fresh connection follows
@@ -492,7 +413,7 @@ class FusionSandbox:
                         self.attempts += 1
                     conn.request("POST", self.endpoint.path, body, headers)
                     response = conn.getresponse()
-                    data = response.read(MAX_REPLY_BYTES + 1)
+                    data: Any = self._read_body(response)
                 except TimeoutError:
                     raise _Final(
                         f"no reply from SandboxFusion at {self.url} within {read_timeout:g} s"
@@ -508,17 +429,30 @@ class FusionSandbox:
                     raise _Retry(
                         f"the exchange with SandboxFusion failed: {_reason(exc)}"
                     ) from None
-                if len(data) > MAX_REPLY_BYTES:
-                    raise _TooLarge()
             except BaseException:
                 self._discard(conn)
                 raise
-            if response.will_close:
+            if response.will_close or not response.isclosed():  # an error page left unread
                 self._discard(conn)
             else:
                 self._checkin(conn)
             return response.status, data
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read_body(self, response: http.client.HTTPResponse) -> Any:
+        if response.status != 200:  # an error page: its start is all a message shows
+            return response.read(_MAX_ERROR_BYTES)
+        try:
+            return jsontail.read(
+                response.read,
+                keep=self.max_output_bytes,
+                envelope=_MAX_ENVELOPE_BYTES,
+                limit=MAX_REPLY_BYTES,
+            )
+        except OverflowError:
+            raise _TooLarge() from None
+        except ValueError as exc:  # not JSON (UnicodeDecodeError included)
+            raise _Final(f"SandboxFusion sent a malformed reply: {exc}") from None
 
     # -- the connection pool ----------------------------------------------------
     def _connect(self, conn: http.client.HTTPConnection) -> None:
@@ -579,13 +513,18 @@ class FusionSandbox:
         )
 
     def _tail(self, text: Any) -> tuple[str, bool, int]:
-        """(the last ``max_output_bytes`` bytes, sanitized; whether cut; the full size)."""
+        """(the last ``max_output_bytes`` bytes, sanitized; whether cut; the full size).
+
+        A long string arrives as a :class:`jsontail.Cut` (its last
+        ``max_output_bytes`` characters, so at least that many bytes, and the
+        whole string's size)."""
         data = (text if isinstance(text, str) else "").encode("utf-8", errors="replace")
+        size = text.size if isinstance(text, jsontail.Cut) else len(data)
         kept = data[-self.max_output_bytes :]
         return (
             sanitize_observation(kept.decode("utf-8", errors="replace")),
-            len(kept) < len(data),
-            len(data),
+            len(kept) < size,
+            size,
         )
 
     def _to_result(self, reply: dict[str, Any], latency: float) -> ExecResult:
@@ -662,7 +601,7 @@ class FusionSandbox:
 def _excerpt(value: Any, limit: int = 300) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="replace")
-    text = " ".join(str(value if value is not None else "").split())
+    text = escape_control(" ".join(str(value if value is not None else "").split()))
     return text if len(text) <= limit else text[:limit] + "..."
 
 

@@ -13,6 +13,7 @@ import os
 import platform
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -56,6 +57,29 @@ def mount(
         _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
         f"mount {target}",
     )
+
+
+def sethostname(name: str) -> None:
+    """Set the UTS namespace's host name (``os`` has no wrapper)."""
+    data = name.encode()
+    _check(_libc.sethostname(data, ctypes.c_size_t(len(data))), "sethostname")
+
+
+def hide_command_line(title: str) -> None:
+    """Overwrite this process's argument area, so ``/proc/<pid>/cmdline`` of it and of
+    every process it forks from now on shows ``title`` instead of its arguments.
+
+    The setproctitle trick: the kernel reads cmdline from the memory between
+    ``arg_start`` and ``arg_end`` (fields 48 and 49 of ``/proc/self/stat``),
+    which is ours to write; Python copied ``argv`` at start-up and never reads
+    it again. Needs no capability (``PR_SET_MM`` would need CAP_SYS_RESOURCE).
+    """
+    with open("/proc/self/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # fields 48, 49 (1-based, after comm)
+    data = title.encode()[: max(0, end - start - 1)]
+    ctypes.memset(start, 0, end - start)
+    ctypes.memmove(start, data, len(data))
 
 
 def umount2(target: str, flags: int = 0) -> None:

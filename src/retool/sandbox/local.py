@@ -64,7 +64,7 @@ _THREAD_CAPS = (
 
 # The server's own code, copied out of the package: the server imports nothing
 # else of ours, so nothing of retool (data, answers) is importable in a call.
-_RUNTIME_MODULES = ("server", "linux", "seccomp", "landlock", "cgroups", "autoprint")
+_RUNTIME_MODULES = ("server", "runtime", "linux", "seccomp", "landlock", "cgroups", "autoprint")
 _RUNTIME_PACKAGE = "retool_sandbox_rt"
 _SERVER_BOOT = (
     "import sys; sys.path += sys.argv.pop(1).split(':'); "
@@ -284,6 +284,7 @@ class LocalSandbox:
         ready = json.loads(line)
         level = IsolationLevel(ready["level"])
         self.missing = list(ready["missing"])
+        self.layers = list(ready.get("layers", []))  # what isolates each call, one line each
         self.preloaded = list(ready["preloaded"])
         self._cgroup = ready.get("cgroup")
         if self.isolation == "strict" and level != IsolationLevel.FULL:

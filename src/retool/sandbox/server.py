@@ -40,7 +40,6 @@ Wire format: 4-byte big-endian length + JSON, both directions.
 from __future__ import annotations
 
 import argparse
-import builtins
 import contextlib
 import fcntl
 import importlib
@@ -61,6 +60,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cgroups, landlock, linux, seccomp
+from .autoprint import add_autoprint
+from .runtime import exit_now, run_code, write_text
 
 FULL, BASIC = "full", "basic"
 UID_BASE = 1_500_000_000  # sandbox uids (root server): one block of UID_BLOCK per instance
@@ -125,18 +126,94 @@ def readonly_paths() -> list[str]:
 
 
 def masked_paths() -> list[str]:
-    """Directories hidden under an empty read-only tmpfs: our own package, if it
-    is installed (not editable) in site-packages, carries data and answers."""
+    """Paths hidden from calls (an empty read-only tmpfs over a directory, an empty
+    file over a file): our own package, if it is installed (not editable) in
+    site-packages, carries data and answers; install metadata names where things
+    were installed from (an editable install's ``.pth`` and finder name the
+    checkout; ``direct_url.json`` the source directory or URL); our
+    distribution's ``dist-info`` lists our files."""
     found = []
     for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
         candidate = os.path.join(entry, "retool")
-        if entry and os.path.isdir(candidate):
+        if os.path.isdir(candidate):
             found.append(os.path.realpath(candidate))
-    return found
+        if not entry.rstrip("/").endswith(("site-packages", "dist-packages")):
+            continue
+        for name in sorted(os.listdir(entry)):
+            path = os.path.join(entry, name)
+            editable = name.startswith("__editable__") or name.endswith((".pth", ".egg-link"))
+            if editable or name.startswith(("retool_rl-", "retool_rl.")):
+                found.append(path)
+            elif name.endswith(".dist-info") and os.path.exists(f"{path}/direct_url.json"):
+                found.append(f"{path}/direct_url.json")
+    return list(dict.fromkeys(found))
 
 
-def build_root(new_root: str, binds: list[str], masks: list[str]) -> None:
-    """Mount a minimal read-only root at ``new_root`` and ``pivot_root`` into it."""
+# Host facts a call must not read, which no namespace hides: an empty file goes over
+# each (as container runtimes do for /proc/kcore & co.). /proc/stat, /proc/loadavg and
+# the other counters carry host-wide fork, thread, fault, interrupt, disk and pressure
+# figures that reveal what other calls do.
+PROC_MASKS = (
+    "/proc/cmdline",
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/uptime",
+    "/proc/stat",
+    "/proc/loadavg",
+    "/proc/kallsyms",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/sys/kernel/ns_last_pid",
+    "/proc/vmstat",
+    "/proc/schedstat",
+    "/proc/interrupts",
+    "/proc/softirqs",
+    "/proc/diskstats",
+    "/proc/pressure",  # a directory: an empty tmpfs goes over it
+)
+HOSTNAME = "sandbox"  # the UTS name every call sees
+# The /etc of a call: only what the interpreter and the preloaded libraries read
+# (the loader's cache, the time zone), plus a passwd/group naming nobody of the host.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime")
+_ETC_WRITTEN = {
+    "passwd": "root:x:0:0:root:/tmp:/usr/sbin/nologin\n"
+    "sandbox:x:{uid}:{uid}:sandbox:/tmp:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nsandbox:x:{uid}:\n",
+    "hostname": f"{HOSTNAME}\n",
+    "hosts": f"127.0.0.1 localhost {HOSTNAME}\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+}
+
+
+def _minimal_etc(etc: str, uid: int) -> None:
+    """Fill the empty directory ``etc`` (in the call's root) with the minimal /etc."""
+    for name in ETC_FILES:
+        src = "/etc/" + name
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), f"{etc}/{name}")  # localtime -> /usr/share/...
+        elif os.path.isfile(src):
+            open(f"{etc}/{name}", "w").close()
+            linux.mount(src, f"{etc}/{name}", None, linux.MS_BIND)
+    for name, text in _ETC_WRITTEN.items():
+        with open(f"{etc}/{name}", "w") as handle:
+            handle.write(text.format(uid=uid))
+
+
+def build_root(
+    new_root: str,
+    binds: list[str],
+    masks: list[str],
+    uid: int = 0,
+    off: frozenset[str] = frozenset(),
+) -> None:
+    """Mount a minimal read-only root at ``new_root`` and ``pivot_root`` into it.
+
+    ``off``: layers left out, for measuring their cost only (``etc``: the host's
+    /etc instead of the minimal one; ``procmask``: no masks over /proc files).
+    """
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
     linux.mount("tmpfs", new_root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=0755")
     # Private /tmp and /dev/shm first: a bind below /tmp (a venv living there)
@@ -151,6 +228,11 @@ def build_root(new_root: str, binds: list[str], masks: list[str]) -> None:
             f"size={size}m,nr_inodes={TMPFS_INODES},mode=1777",
         )
     ro = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
+    minimal_etc = "etc" not in off
+    if minimal_etc:
+        binds = [b for b in binds if b != "/etc"]
+        os.makedirs(new_root + "/etc")
+        _minimal_etc(new_root + "/etc", uid)
     for src in binds:
         dst = new_root + src
         if os.path.islink(src) and os.path.dirname(src) == "/":
@@ -159,15 +241,22 @@ def build_root(new_root: str, binds: list[str], masks: list[str]) -> None:
         os.makedirs(dst, exist_ok=True)
         linux.mount(src, dst, None, linux.MS_BIND | linux.MS_REC)
         linux.mount(None, dst, None, ro)
+    empty = new_root + "/.empty"  # what a masked file shows; gone with the root's umount
+    open(empty, "w").close()
+    os.chmod(empty, 0o444)
     for path in masks:
         with contextlib.suppress(OSError):
-            linux.mount(
-                "tmpfs",
-                new_root + path,
-                "tmpfs",
-                linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV,
-                "size=4k,nr_inodes=1",
-            )
+            if os.path.isdir(new_root + path):
+                linux.mount(
+                    "tmpfs",
+                    new_root + path,
+                    "tmpfs",
+                    linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV,
+                    "size=4k,nr_inodes=1",
+                )
+            else:
+                linux.mount(empty, new_root + path, None, linux.MS_BIND)
+                linux.mount(None, new_root + path, None, ro)
     os.makedirs(new_root + "/dev", exist_ok=True)
     for node in _DEV_NODES:
         dst = f"{new_root}/dev/{node}"
@@ -177,12 +266,22 @@ def build_root(new_root: str, binds: list[str], masks: list[str]) -> None:
     linux.mount(
         "proc", new_root + "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
     )
+    if "procmask" not in off:
+        for path in PROC_MASKS:
+            target = new_root + path
+            if os.path.isdir(target):
+                flags = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+                linux.mount("tmpfs", target, "tmpfs", flags, "size=4k,nr_inodes=1")
+            elif os.path.exists(target):
+                linux.mount(empty, target, None, linux.MS_BIND)
+                linux.mount(None, target, None, ro)
     os.makedirs(new_root + "/.old", exist_ok=True)
     os.chdir(new_root)
     linux.pivot_root(".", ".old")
     os.chdir("/")
     linux.umount2("/.old", linux.MNT_DETACH)
     os.rmdir("/.old")
+    os.unlink("/.empty")  # the bind mounts keep its inode; the name goes
     linux.mount(
         None,
         "/",
@@ -219,103 +318,6 @@ def _reseed() -> None:
         numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
-# Bound at import: the call's code may replace these in ``os`` and ``traceback``,
-# and the epilogue of _run_code (after the code) must still work.
-_write, _exit = os.write, os._exit
-_TracebackException, _format_exception_only = (
-    traceback.TracebackException,
-    traceback.format_exception_only,
-)
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _ours(filename: str) -> bool:
-    """A frame of the sandbox runtime, or of the import machinery (hidden by Python too)."""
-    return filename.startswith(_RUNTIME_DIR) or filename.startswith("<frozen importlib._")
-
-
-def _trim(te: traceback.TracebackException, seen: set[int]) -> None:
-    """Drop our frames from ``te``, its causes, contexts and group members (in place)."""
-    if id(te) in seen:
-        return
-    seen.add(id(te))
-    te.stack[:] = [frame for frame in te.stack if not _ours(frame.filename)]
-    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
-        if other is not None:
-            _trim(other, seen)
-
-
-def _describe(exc: BaseException) -> str:
-    """The code's traceback with only the code's frames (and its libraries')."""
-    try:
-        te = _TracebackException.from_exception(exc)
-        _trim(te, set())
-        return "".join(te.format())
-    except BaseException:  # the code broke traceback/linecache: the last line only
-        try:
-            return "".join(_format_exception_only(type(exc), exc))
-        except BaseException:
-            return "Error: the code raised an exception that cannot be shown\n"
-
-
-def _write_text(fd: int, text: str) -> None:
-    data = memoryview(text.encode("utf-8", "backslashreplace"))
-    with contextlib.suppress(OSError):  # the code may have closed fd 2
-        while data:
-            data = data[_write(fd, data) :]
-
-
-def _run_code(code: str) -> int:
-    """Run ``code`` as ``__main__``; its exit status. Never raises.
-
-    What the call sees of a failure is its own: a syntax error, or a
-    traceback of its frames and its libraries' frames, never this runtime's.
-    The epilogue uses only objects bound before the code ran, so code that
-    closes or replaces ``sys.stdout``/``sys.stderr``, empties ``sys.modules``,
-    or replaces builtins and ``os`` functions cannot turn it into a traceback
-    of ours.
-    """
-    from .autoprint import add_autoprint
-
-    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.stdout, sys.stderr = out, err
-    sys.argv = ["<code>"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    status, message = 0, ""
-    try:
-        program = compile(add_autoprint(code), "<code>", "exec")
-    except BaseException as exc:  # SyntaxError, NUL bytes, nesting too deep, surrogates
-        _write_text(2, _describe(exc))
-        return 1
-    try:
-        exec(program, namespace)
-    except SystemExit as exc:
-        status, message = _exit_status(exc)
-    except BaseException as exc:  # KeyboardInterrupt and other BaseExceptions too
-        status, message = 1, _describe(exc)
-    streams = [sys.stdout, sys.stderr, out, err]  # the code's replacements first
-    for stream in [s for i, s in enumerate(streams) if all(s is not t for t in streams[:i])]:
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if message:
-        _write_text(2, message)
-    return status
-
-
-def _exit_status(exc: SystemExit) -> tuple[int, str]:
-    """``sys.exit(x)`` as Python reports it: int -> status; anything else -> 1 and str(x)."""
-    code = exc.code
-    if code is None:
-        return 0, ""
-    if isinstance(code, int):
-        return code, ""
-    try:
-        return 1, f"{code}\n"
-    except BaseException:
-        return 1, "<exit message str() failed>\n"
-
-
 @dataclass(frozen=True)
 class CallSpec:
     """What the zygote decided for one call (no request data in here)."""
@@ -331,6 +333,7 @@ class CallSpec:
     boot_path: str  # import path for fresh-interpreter mode
     seccomp: bytes | None = None  # the BPF program, built once per zygote
     landlock_abi: int = 0  # basic level: confine the call with Landlock (0: off)
+    off: frozenset[str] = frozenset()  # layers left out (benchmarks only)
 
 
 def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
@@ -398,11 +401,11 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
         os.close(ready_w)
         _reseed()
-        status = _run_code(request["code"]) & 0xFF
+        status = run_code(request["code"], add_autoprint) & 0xFF
     except BaseException:
         with contextlib.suppress(BaseException):
-            _write_text(2, "sandbox setup failed: " + traceback.format_exc())
-    _exit(status & 0xFF)
+            write_text(2, "sandbox setup failed: " + traceback.format_exc())
+    exit_now(status & 0xFF)
 
 
 _FRESH_BOOT = (
@@ -415,14 +418,26 @@ def run_file() -> None:
     """Entry point of fresh-interpreter mode: run the file ``argv[1]`` after telling
     B on fd ``argv[2]`` that set-up is done (and closing that fd)."""
     path, ready_w = sys.argv[1], int(sys.argv[2])
+    with contextlib.suppress(OSError):  # its arguments name the work directory
+        linux.hide_command_line("retool-sandbox")
     with open(path, encoding="utf-8", errors="surrogatepass") as handle:
         code = handle.read()
     os.unlink(path)
-    from .autoprint import add_autoprint  # noqa: F401 - imported before the code runs
-
     os.write(ready_w, b"1")
     os.close(ready_w)
-    _exit(_run_code(code) & 0xFF)
+    exit_now(run_code(code, add_autoprint) & 0xFF)
+
+
+def _unshare_call_namespaces(off: frozenset[str]) -> None:
+    """B's own namespaces: mount, IPC, UTS with a host name of the sandbox's, and a
+    network namespace per call, so calls share no socket name space: no abstract
+    Unix names, socketpair hand-overs or port collisions between two calls, and
+    ``/proc/net`` lists only the call's own sockets (empty, down loopback)."""
+    flags = linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS
+    if "netns" not in off:
+        flags |= linux.CLONE_NEWNET
+    linux.unshare(flags)
+    linux.sethostname(HOSTNAME)
 
 
 def _child_b(
@@ -440,13 +455,18 @@ def _child_b(
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if spec.level == FULL:  # PID 1 already; the rest of the namespaces now
-            linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS)
+            _unshare_call_namespaces(spec.off)
         if spec.group is not None:
             spec.group.enter()
+        if spec.level == FULL and "cgroupns" not in spec.off:
+            # After joining the call's cgroup: it becomes this namespace's root, so
+            # /proc/self/cgroup shows "/" (no host path, server pid or call counter).
+            linux.unshare(linux.CLONE_NEWCGROUP)
         with contextlib.suppress(OSError):
             linux.join_new_session_keyring()
         if spec.level == FULL:
-            build_root(spec.new_root, list(spec.binds), list(spec.masks))
+            uid = 0 if spec.uid is None else spec.uid
+            build_root(spec.new_root, list(spec.binds), list(spec.masks), uid, spec.off)
             os.chdir("/tmp")
         else:
             assert spec.scratch is not None
@@ -508,7 +528,11 @@ class Zygote:
         boot_path: str,
         use_seccomp: bool = True,
         landlock_abi: int = 0,
+        off: frozenset[str] = frozenset(),
+        calls_dir: str | None = None,
     ) -> None:
+        self.off = off
+        self.calls_dir = calls_dir or os.path.join(workdir, "calls")
         self.landlock_abi = landlock_abi
         self.seccomp_program = seccomp.build_program() if use_seccomp else None
         self.index = index
@@ -537,7 +561,7 @@ class Zygote:
         self.counter += 1
         uid = self.uid_for(self.counter)
         name = f"h{self.index}-{self.counter}"
-        stem = os.path.join(self.workdir, "calls", name)
+        stem = os.path.join(self.calls_dir, name)
         out_path, err_path = stem + ".out", stem + ".err"
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
         out_fd, err_fd = os.open(out_path, flags, 0o600), os.open(err_path, flags, 0o600)
@@ -562,6 +586,7 @@ class Zygote:
             self.boot_path,
             self.seccomp_program,
             self.landlock_abi if self.level == BASIC else 0,
+            self.off,
         )
         code_r, code_w = os.pipe()
         done_r, done_w = os.pipe()
@@ -830,6 +855,75 @@ def kill_uids(low: int, high: int) -> None:
 
 
 # -- the server ----------------------------------------------------------------
+# The per-call layers of round three, by the name ``--disable`` takes (benchmarks).
+CALL_LAYERS = {
+    "netns": "a network namespace per call (no socket names, pairs or ports shared)",
+    "cgroupns": "a cgroup namespace per call (/proc/self/cgroup shows /)",
+    "etc": "a minimal /etc (loader cache, time zone, a passwd naming no host user)",
+    "procmask": "host facts in /proc masked (" + ", ".join(p[6:] for p in PROC_MASKS) + ")",
+}
+
+
+def call_layers(
+    level: str,
+    off: frozenset[str] = frozenset(),
+    *,
+    real_root: bool = True,
+    use_seccomp: bool = True,
+    cgroup: bool = True,
+    landlock_abi: int = 0,
+) -> list[str]:
+    """What isolates each call at ``level``, one line per layer (``retool sandbox check``)."""
+    common = [
+        "an empty environment, its own working directory, no trainer module importable",
+        "a uid of its own per call" if real_root else "every capability dropped",
+        "no_new_privs; rlimits (address space, file size, open files, CPU)",
+    ]
+    if use_seccomp:
+        common.append(
+            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets)"
+        )
+    if cgroup:
+        common.append("a cgroup per call (memory, processes, killed whole after the call)")
+    if level != FULL:
+        return common + ([f"Landlock (ABI {landlock_abi})"] if landlock_abi else [])
+    layers = [
+        *common,
+        "PID namespace per call (its init reports the exit status)",
+        "mount namespace per call: read-only root of the OS, the interpreter and "
+        "site-packages; private /tmp and /dev/shm; fresh /proc; five /dev nodes",
+        f"IPC namespace per call; UTS namespace per call (host name {HOSTNAME!r})",
+        "install metadata naming the checkout masked (.pth, __editable__, direct_url.json)",
+        "the server's arguments hidden from /proc/<pid>/cmdline; output files opened "
+        f"through {NEUTRAL_CALLS_DIR} (so /proc/self/fd names no host directory)",
+    ]
+    return layers + [text for name, text in CALL_LAYERS.items() if name not in off]
+
+
+NEUTRAL_CALLS_DIR = "/mnt"  # where the output files are opened (see neutral_calls_dir)
+
+
+def neutral_calls_dir(workdir: str) -> str | None:
+    """Give the server a mount namespace of its own in which the calls' directory also
+    appears at ``/mnt``, and return that path (``None`` if it cannot).
+
+    A call's stdout and stderr are files the zygote opens; ``/proc/self/fd/1``
+    shows the path they were opened by, which would be the trainer's work
+    directory. Opened through ``/mnt`` they show ``/mnt/h1-2.out``. The files
+    stay on the host filesystem (not a tmpfs the call's memory would be
+    charged for), and the trainer, whose mounts are untouched, never reads them.
+    """
+    if not os.path.isdir(NEUTRAL_CALLS_DIR):
+        return None
+    try:
+        linux.unshare(linux.CLONE_NEWNS)
+        linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+        linux.mount(os.path.join(workdir, "calls"), NEUTRAL_CALLS_DIR, None, linux.MS_BIND)
+    except OSError:
+        return None
+    return NEUTRAL_CALLS_DIR
+
+
 def enter_server_namespaces() -> list[str]:
     """Give the server an empty network namespace; returns what is missing."""
     missing: list[str] = []
@@ -921,10 +1015,29 @@ def _run_reaper(
 
 
 def probe_full(
-    workdir: str, real_root: bool, uid_base: int, boot_path: str, use_seccomp: bool
+    workdir: str,
+    real_root: bool,
+    uid_base: int,
+    boot_path: str,
+    use_seccomp: bool,
+    off: frozenset[str] = frozenset(),
+    calls_dir: str | None = None,
 ) -> str | None:
     """Run one call at the full level; the error text if it does not work."""
-    zygote = Zygote(0, FULL, workdir, False, real_root, uid_base, None, 256, boot_path, use_seccomp)
+    zygote = Zygote(
+        0,
+        FULL,
+        workdir,
+        False,
+        real_root,
+        uid_base,
+        None,
+        256,
+        boot_path,
+        use_seccomp,
+        off=off,
+        calls_dir=calls_dir,
+    )
     left, right = socket.socketpair()
     handler = Handler(left, right, FULL)
     try:
@@ -971,6 +1084,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     disabled = set(filter(None, args.disable.split(",")))
     workdir = args.dir
+    # Calls are forked from here: none of them may read our arguments (the work
+    # directory, the import path) from /proc/<pid>/cmdline.
+    linux.hide_command_line("retool-sandbox")
+    off = frozenset(disabled & set(CALL_LAYERS))
     os.makedirs(os.path.join(workdir, "root"), exist_ok=True)
     os.makedirs(os.path.join(workdir, "calls"), mode=0o711, exist_ok=True)
     os.makedirs(os.path.join(workdir, "sock"), mode=0o700, exist_ok=True)
@@ -1011,16 +1128,21 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             cgroups.Group({k: v for k, v in group.dirs.items() if k == "v2"}).enter()
     level = BASIC
+    calls_dir: str | None = None  # the host path, unless neutral_calls_dir gives another
     if args.isolation == "none":
         missing.append("namespaces (disabled: isolation='none')")
     else:
         ns_missing = enter_server_namespaces()
         missing += ns_missing
         if not ns_missing:
-            error = probe_full(workdir, real_root, uid_base, args.boot_path, use_seccomp)
+            calls_dir = neutral_calls_dir(workdir)
+            error = probe_full(
+                workdir, real_root, uid_base, args.boot_path, use_seccomp, off, calls_dir
+            )
             if error is None:
                 level = FULL
             else:
+                calls_dir = None
                 missing.append(f"per-call mount/PID namespaces ({error})")
     if not real_root and level == BASIC:
         missing.append("a dedicated uid (the server is not root, so calls share its uid)")
@@ -1050,8 +1172,18 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind(sock_path)
     os.chmod(sock_path, 0o600)
     listener.listen(64)
+    if level == FULL:
+        missing += [f"{CALL_LAYERS[name]} (disabled)" for name in sorted(off)]
     ready = {
         "level": level,
+        "layers": call_layers(
+            level,
+            off,
+            real_root=real_root,
+            use_seccomp=use_seccomp,
+            cgroup=group is not None and group.killable,
+            landlock_abi=landlock_abi,
+        ),
         "missing": missing,
         "preloaded": preloaded,
         "pid": os.getpid(),
@@ -1097,6 +1229,8 @@ def main(argv: list[str] | None = None) -> None:
                     args.boot_path,
                     use_seccomp,
                     landlock_abi,
+                    off,
+                    calls_dir,
                 ).serve(zygote_side)
             finally:
                 os._exit(0)

@@ -39,16 +39,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from retool.backends import open_sandbox
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.data import load_dataset, take_batch
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import rollout_batch
+from retool.sandbox import open_sandbox
 from retool.training.aggregation import scale_advantages
 from retool.training.cost import step_tokens
 from retool.training.datum import build_training_datums
 from retool.training.faults import crash_point
 from retool.training.periodic_eval import PeriodicEval
+from retool.training.provenance import RunInputs, digest_records
 from retool.training.run_dir import RunDirectory
 from retool.training.session import Phases, Session
 
@@ -75,6 +77,7 @@ def train(
         progress=progress,
         per_step=cfg.questions_per_batch * config.rollout.group_size,
         unit="traj",
+        inputs=RunInputs("rl", config.data.train, digest_records(examples)),
     )
     checker = None if scorer else default_checker(workers=config.reward.workers)
     trainer, run, display = session.trainer, session.run, session.display
@@ -121,7 +124,7 @@ def train(
                             reuse=reuse,
                         )
                 finally:
-                    sampler.close()
+                    close_quietly(sampler, "sampler")
                 session.guard.check()
                 # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
                 with phases("datums"):

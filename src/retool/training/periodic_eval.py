@@ -12,9 +12,12 @@ top_p 0.7, so pass the same settings to compare the two.
 
 from __future__ import annotations
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results
 from retool.reward import Scorer, default_checker
+from retool.rollout import ProgressEvent
+from retool.training.faults import crash_point
 from retool.training.session import Session
 from retool.types import Sandbox
 
@@ -47,6 +50,11 @@ class PeriodicEval:
         session.display.new_step(f"eval after step {step}")
         session.run.eval_dir.mkdir(exist_ok=True)
         sampler = session.trainer.save_weights_and_get_sampling_client()
+
+        def on_result(event: ProgressEvent) -> None:
+            session.display.advance(event.count)
+            crash_point("eval", step)
+
         try:
             summary = evaluate(
                 sampler,
@@ -61,13 +69,13 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
-                progress=lambda event: session.display.advance(event.count),
+                progress=on_result,
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
                 checker=self.checker,
             )
         finally:
-            sampler.close()
+            close_quietly(sampler, "sampler")
         low, high = summary.average_at_n_ci
         line = (
             f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "

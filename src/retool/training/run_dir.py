@@ -4,8 +4,11 @@
 
     runs/<name>/
       config.toml              the resolved config (checked again on --resume)
+      inputs.json              run kind, data hash, --init-from (see training.provenance)
+      lock                     held while a command writes here (see training.run_lock)
       metrics.jsonl            exactly one line per completed step, each with its "step"
       checkpoints.jsonl        the manifest: step, state_path, sampler_path, time
+                               (paths relative to the run directory)
       checkpoints/state/...    optimizer + weights (save_state)
       checkpoints/sampler/...  sampler weights (save_weights_for_sampler)
       rollouts/step_000001.jsonl.gz   every trajectory of a completed step
@@ -24,15 +27,34 @@ Rules that make a kill at any moment safe:
   run again with the same seeds.
 * The journal of the step right after the checkpoint is kept: the groups it
   completed are reused instead of sampled again (which matters when sampling
-  is paid for). A torn last line of any JSONL file is ignored.
+  is paid for). A torn last line of any JSONL file is ignored, and cut off
+  before the next line is appended (never glued onto).
+
+Location independence: the manifest's paths are written relative to the run
+directory and resolved against it, so a run resumes (and ``--init-from`` or
+``retool eval`` reads it) from any working directory, after a move, and a
+copy uses its own checkpoints. Older manifests hold paths relative to where
+the run was started, or absolute ones; a checkpoint is then looked up by name
+under this run directory's ``checkpoints/`` first, as written last.
+
+One writer at a time: :meth:`RunDirectory.open` takes the directory's lock
+(:mod:`retool.training.run_lock`) before it reads anything, and
+:meth:`RunDirectory.close` (or the end of the process) releases it.
+``--resume`` refuses what would make the continued run mean something else:
+other settings (``config.toml``), another run kind or other data
+(``inputs.json``), fewer ``train.steps`` than completed, and a run whose
+checkpoints are all gone (it would silently start again at step 0 and
+replace the committed steps).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,8 +63,11 @@ from typing import Any
 
 from retool.config import RunConfig, load_config
 from retool.data.examples import MathExample
+from retool.data.longints import json_loads
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
+from retool.training import provenance, run_lock
+from retool.training.faults import crash_point
 
 # Keys that may differ on --resume: how long to run, how often to save, and the
 # spend limits (a budget stop tells the user to raise them and resume).
@@ -64,28 +89,88 @@ class CheckpointRecord:
     time: float  # unix time of the manifest line
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Lines of a JSONL file; a torn (unparsable) last line is dropped."""
+_CHECKPOINT_KEYS = ("step", "state_path", "sampler_path")
+
+
+def _damaged(path: Path, number: int, why: str, fix: str = "") -> RetoolError:
+    fix = fix or "repair or remove that line, or start a new run in another --run-dir"
+    return RetoolError(f"{path}:{number}: {why}; the run directory is damaged: {fix}")
+
+
+def _read_jsonl(path: Path, required: Sequence[str] = (), fix: str = "") -> list[dict[str, Any]]:
+    """Lines of a JSONL file; a torn (unparsable) last line is dropped.
+
+    Any other line that is not UTF-8, not a JSON object or lacks a ``required``
+    key is an error naming ``path:line`` (``fix`` says what to do).
+    """
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json_loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if number == len(lines):
                 break  # killed mid-write
-            raise RetoolError(
-                f"{path}:{number}: not valid JSON; the run directory is damaged"
-            ) from None
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not valid JSON"
+            raise _damaged(path, number, why, fix) from None
+        if not isinstance(record, dict):
+            raise _damaged(path, number, "not a JSON object", fix)
+        missing = [key for key in required if key not in record]
+        if missing:
+            raise _damaged(path, number, f"no {missing[0]!r} field", fix)
+        if "step" in required and (
+            not isinstance(record["step"], int) or isinstance(record["step"], bool)
+        ):
+            raise _damaged(path, number, f"'step' is not an integer ({record['step']!r:.40})", fix)
+        records.append(record)
     return records
+
+
+def repair_tail(path: Path) -> None:
+    """Cut a torn last line (no newline: killed mid-write) so the next append starts clean."""
+    try:
+        with open(path, "rb+") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            if end == 0:
+                return
+            handle.seek(end - 1)
+            if handle.read(1) == b"\n":
+                return
+            position = end
+            while position > 0:  # back to the last complete line
+                step = min(4096, position)
+                handle.seek(position - step)
+                block = handle.read(step)
+                cut = block.rfind(b"\n")
+                if cut >= 0:
+                    position = position - step + cut + 1
+                    break
+                position -= step
+            handle.truncate(position)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except FileNotFoundError:
+        return
+
+
+def step_of(path: Path) -> int:
+    """The step number of ``step_NNNNNN.*`` under a run directory; another name is an error."""
+    digits = path.name[5:11]
+    if not (path.name.startswith("step_") and digits.isdigit() and path.name[11:12] == "."):
+        raise RetoolError(
+            f"{path}: unexpected file name under {path.parent.name}/ (expected step_NNNNNN.*); "
+            "move it out of the run directory"
+        )
+    return int(digits)
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line and make it durable before returning."""
+    repair_tail(path)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
         handle.flush()
@@ -101,12 +186,39 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"}
+_TOML_ESCAPES.update({"\f": "\\f", "\r": "\\r"})
+
+
+def toml_string(text: str) -> str:
+    """A TOML basic string holding exactly ``text``.
+
+    Not ``json.dumps``: it writes a character outside the BMP as a surrogate
+    pair (``\\ud83d\\ude00``), which TOML refuses. Quotes, backslashes and
+    control characters are escaped; everything else is written as it is.
+    """
+    out = []
+    for char in text:
+        if char in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04x}")
+        elif 0xD800 <= ord(char) <= 0xDFFF:  # a lone surrogate (undecodable bytes of a path)
+            raise RetoolError(
+                f"the setting {text!r} holds bytes that are not UTF-8, which config.toml "
+                "cannot store; rename the path or give it in UTF-8"
+            )
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    return toml_string(str(value))
 
 
 def config_to_toml(config: RunConfig) -> str:
@@ -135,9 +247,13 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._repaired = False
 
     def append(self, trajectory: Trajectory) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._repaired:  # a kill mid-line left a torn tail: never glue onto it
+            repair_tail(self.path)
+            self._repaired = True
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(trajectory.to_json()) + "\n")
             handle.flush()
@@ -147,8 +263,12 @@ class Journal:
     ) -> dict[int, list[Trajectory]]:
         """Question slots whose whole group is journaled (for the same questions)."""
         by_slot: dict[int, dict[int, Trajectory]] = {}
-        for record in _read_jsonl(self.path):
-            trajectory = Trajectory.from_json(record)
+        fix = f"delete {self.path} (its groups are sampled again)"
+        for number, record in enumerate(_read_jsonl(self.path, fix=fix), 1):
+            try:
+                trajectory = Trajectory.from_json(record)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise _damaged(self.path, number, "not a trajectory record", fix) from None
             slot = trajectory.question_index
             if 0 <= slot < len(batch) and trajectory.example.id == batch[slot].id:
                 by_slot.setdefault(slot, {})[trajectory.group_index] = trajectory
@@ -157,6 +277,15 @@ class Journal:
             for slot, members in by_slot.items()
             if set(members) == set(range(group_size))
         }
+
+    def complete_group_count(self, group_size: int) -> int:
+        """Question slots with a whole group journaled (what a resume reuses)."""
+        by_slot: dict[int, set[int]] = {}
+        for record in _read_jsonl(self.path):
+            slot, group = record.get("question_index"), record.get("group_index")
+            if isinstance(slot, int) and isinstance(group, int):
+                by_slot.setdefault(slot, set()).add(group)
+        return sum(1 for groups in by_slot.values() if groups >= set(range(group_size)))
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -175,50 +304,167 @@ class RunDirectory:
         self.journal_dir = path / "journal"
         self.eval_dir = path / "eval"
         self.log_path = path / "log.txt"
+        self.lock_note: str | None = None  # a stale lock taken over (see run_lock)
+        self.completed_at_open = 0  # the last committed step when --resume opened it
 
     # -- opening -------------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.path / run_lock.RUN_LOCK_NAME
+
+    @property
+    def inputs_path(self) -> Path:
+        return self.path / provenance.INPUTS_NAME
+
     @classmethod
-    def open(cls, path: str | os.PathLike[str], config: RunConfig, resume: bool) -> RunDirectory:
-        """Create a new run directory, or reopen one for ``--resume``."""
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: RunConfig,
+        resume: bool,
+        *,
+        inputs: provenance.RunInputs | None = None,
+        init_from: str | None = None,
+    ) -> RunDirectory:
+        """Create a new run directory, or reopen one for ``--resume``; holds its lock.
+
+        ``inputs`` (the run kind and its data) and ``init_from`` are recorded
+        in ``inputs.json`` for a new run and checked on ``--resume``.
+        """
         run = cls(Path(path))
-        holds_run = run.metrics_path.exists() or run.manifest_path.exists()
         if run.path.exists() and not run.path.is_dir():
             raise RetoolError(f"run directory {run.path} is a file; choose another --run-dir")
-        if resume:
-            if not run.config_path.exists():
-                raise RetoolError(
-                    f"nothing to resume in {run.path} (no config.toml); drop --resume to start"
-                )
-            stored = load_config(run.config_path)
-            differences = _config_differences(stored, config)
-            if differences:
-                raise RetoolError(
-                    f"--resume: the config differs from the one in {run.config_path}: "
-                    f"{', '.join(differences)}; resume with the same settings or start a new run"
-                )
-        elif holds_run:
+        if resume and not run.config_path.exists():
             raise RetoolError(
-                f"run directory {run.path} already holds a run; use --resume to continue it "
-                "or choose another --run-dir"
+                f"nothing to resume in {run.path} (no config.toml); drop --resume to start"
             )
         try:
             run.path.mkdir(parents=True, exist_ok=True)
-            for directory in (run.rollouts_dir, run.journal_dir, run.checkpoint_root):
-                directory.mkdir(exist_ok=True)
-            _write_atomic(run.config_path, config_to_toml(config).encode())
         except OSError as exc:
             raise RetoolError(
                 f"cannot write the run directory {run.path}: {exc.strerror}"
             ) from None
+        run.lock_note = run_lock.acquire(run.lock_path, f"run directory {run.path}")
+        try:
+            record = run._check(config, resume, inputs, init_from)
+            for directory in (run.rollouts_dir, run.journal_dir, run.checkpoint_root):
+                directory.mkdir(exist_ok=True)
+            _write_atomic(run.config_path, config_to_toml(config).encode())
+            if record is not None:
+                _write_atomic(run.inputs_path, (json.dumps(record, indent=2) + "\n").encode())
+        except OSError as exc:
+            run.close()
+            raise RetoolError(
+                f"cannot write the run directory {run.path}: {exc.strerror}"
+            ) from None
+        except BaseException:
+            run.close()
+            raise
         return run
 
+    def _check(
+        self,
+        config: RunConfig,
+        resume: bool,
+        inputs: provenance.RunInputs | None,
+        init_from: str | None,
+    ) -> dict[str, Any] | None:
+        """Refuse a resume that would mean something else; the inputs record to write."""
+        holds_run = self.metrics_path.exists() or self.manifest_path.exists()
+        if not resume:
+            if holds_run:
+                raise RetoolError(
+                    f"run directory {self.path} already holds a run; use --resume to continue "
+                    "it or choose another --run-dir"
+                )
+            state = resolve_checkpoint(init_from) if init_from else None
+            return provenance.record_start(self.path, inputs, init_from, state)
+        stored = load_config(self.config_path)
+        differences = _config_differences(stored, config)
+        if differences:
+            raise RetoolError(
+                f"--resume: the config differs from the one in {self.config_path}: "
+                f"{', '.join(differences)}; resume with the same settings or start a new run"
+            )
+        record = provenance.check_resume(self.inputs_path, inputs)
+        completed = self.completed_steps()
+        self.completed_at_open = max(completed, default=0)
+        if config.train.steps < self.completed_at_open:
+            raise RetoolError(
+                f"--resume: train.steps = {config.train.steps}, but {self.path} has completed "
+                f"{self.completed_at_open} steps; ask for at least {self.completed_at_open} "
+                "(a shorter run is another run: start it in another --run-dir)"
+            )
+        listed = self.checkpoints()
+        if listed and self.last_checkpoint() is None:
+            raise RetoolError(
+                f"--resume: none of the {len(listed)} checkpoints listed in "
+                f"{self.manifest_path} is on disk (under {self.checkpoint_root}); restore "
+                "them, or start a new run in another --run-dir (resuming would start again "
+                f"at step 0 and replace the {len(completed)} committed steps)"
+            )
+        if record is None:  # a run from before inputs.json: record what it is resumed with
+            return provenance.record_start(self.path, inputs, None, None)
+        return None
+
+    def close(self) -> None:
+        """Release the lock (the process's end does it too)."""
+        run_lock.release(self.lock_path)
+
+    def resume_line(self, start: int, reused_groups: int) -> str:
+        """One line saying where a resumed run continues."""
+        discarded = self.completed_at_open - start
+        if start == 0:
+            line = "resuming from the start: the run has no checkpoint yet"
+            if init := provenance.recorded_init_from_spec(self.inputs_path):
+                line += f" (starting again from --init-from {init})"
+        else:
+            line = f"resuming after step {start} from checkpoint step {start}"
+        line += f"; {reused_groups} journaled groups reused"
+        if discarded > 0:
+            line += (
+                f"; {discarded} completed step{'s' if discarded > 1 else ''} after it run "
+                "again with the same seeds"
+            )
+        return line
+
+    def announce_start(self, start: int, resume: bool, group_size: int) -> None:
+        """Log where the run starts; on --resume, also say it in one line on stderr."""
+        if self.lock_note:
+            print(f"retool: note: {self.lock_note}", file=sys.stderr, flush=True)
+            self.log(self.lock_note)
+        if not resume:
+            self.log("starting at step 0")
+            return
+        line = self.resume_line(start, self.journal(start + 1).complete_group_count(group_size))
+        self.log(line)
+        print(line, file=sys.stderr, flush=True)
+
     # -- checkpoints ---------------------------------------------------------------
+    def _locate(self, recorded: str, kind: str) -> str:
+        """A manifest path as it is on disk now (see the module docstring)."""
+        path = Path(recorded)
+        candidates = [self.path / path] if not path.is_absolute() else []
+        candidates += [self.checkpoint_root / kind / path.name, path]
+        return str(next((c for c in candidates if c.is_dir()), candidates[0]))
+
+    def _relative(self, path: str) -> str:
+        """``path`` relative to the run directory when inside it; absolute otherwise."""
+        target = Path(path).absolute()
+        with contextlib.suppress(OSError, ValueError):
+            return str(target.resolve().relative_to(self.path.resolve()))
+        return str(target)
+
     def checkpoints(self) -> list[CheckpointRecord]:
+        """The manifest, with each path resolved against this run directory."""
         fields = {f.name for f in dataclasses.fields(CheckpointRecord)}
-        return [
-            CheckpointRecord(**{k: v for k, v in record.items() if k in fields})
-            for record in _read_jsonl(self.manifest_path)
-        ]
+        records = []
+        for record in _read_jsonl(self.manifest_path, _CHECKPOINT_KEYS):
+            record = {k: v for k, v in record.items() if k in fields}
+            record["state_path"] = self._locate(str(record["state_path"]), "state")
+            record["sampler_path"] = self._locate(str(record["sampler_path"]), "sampler")
+            records.append(CheckpointRecord(**record))
+        return records
 
     def last_checkpoint(self) -> CheckpointRecord | None:
         """The newest checkpoint whose directories are both on disk."""
@@ -228,16 +474,20 @@ class RunDirectory:
         return None
 
     def add_checkpoint(self, step: int, state_path: str, sampler_path: str) -> CheckpointRecord:
-        record = CheckpointRecord(step, str(state_path), str(sampler_path), time.time())
+        record = CheckpointRecord(
+            step, self._relative(state_path), self._relative(sampler_path), time.time()
+        )
         _append_line(self.manifest_path, dataclasses.asdict(record))
-        return record
+        return dataclasses.replace(
+            record, state_path=str(state_path), sampler_path=str(sampler_path)
+        )
 
     # -- steps -----------------------------------------------------------------------
     def completed_steps(self) -> list[int]:
-        return [int(r["step"]) for r in _read_jsonl(self.metrics_path)]
+        return [int(r["step"]) for r in _read_jsonl(self.metrics_path, ("step",))]
 
     def metrics(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.metrics_path)
+        return _read_jsonl(self.metrics_path, ("step",))
 
     def rollouts_path(self, step: int) -> Path:
         return self.rollouts_dir / f"step_{step:06d}.jsonl.gz"
@@ -259,6 +509,7 @@ class RunDirectory:
             json.dumps(r.to_record() if isinstance(r, Trajectory) else r) + "\n" for r in records
         )
         _write_atomic(self.rollouts_path(step), gzip.compress(lines.encode(), mtime=0))
+        crash_point("rollouts", step)
         _append_line(self.metrics_path, {"step": step, **metrics})
         self.journal(step).remove()
 
@@ -267,27 +518,61 @@ class RunDirectory:
 
         Keeps the journal of ``step + 1``: it was sampled by the checkpoint's weights.
         """
-        kept = [r for r in _read_jsonl(self.metrics_path) if int(r["step"]) <= step]
+        kept = [r for r in _read_jsonl(self.metrics_path, ("step",)) if int(r["step"]) <= step]
         _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         for path in self.rollouts_dir.glob("step_*.jsonl.gz"):
-            if int(path.name[5:11]) > step:
+            if step_of(path) > step:
                 path.unlink()
         for path in self.journal_dir.glob("step_*.jsonl"):
-            if int(path.name[5:11]) != step + 1:
+            if step_of(path) != step + 1:
                 path.unlink()
         for path in self.eval_dir.glob("step_*.jsonl"):
-            if int(path.name[5:11]) > step:
+            if step_of(path) > step:
                 path.unlink()
-        records = [r for r in _read_jsonl(self.manifest_path) if int(r["step"]) <= step]
+        records = [
+            r for r in _read_jsonl(self.manifest_path, _CHECKPOINT_KEYS) if int(r["step"]) <= step
+        ]
         _write_atomic(self.manifest_path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
     def log(self, line: str) -> None:
-        with open(self.log_path, "a", encoding="utf-8") as handle:
+        """Append to ``log.txt``; a full disk loses the line, never the error being handled."""
+        with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+def check_run_dir_free(path: str | os.PathLike[str]) -> None:
+    """Refuse at once (before a model loads) a run directory another process writes."""
+    lock_file = Path(path) / run_lock.RUN_LOCK_NAME
+    run_lock.check_free(lock_file, f"run directory {path}")
+
+
+@contextlib.contextmanager
+def released(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Release this process's lock on a run directory when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        run_lock.release(Path(path) / run_lock.RUN_LOCK_NAME)
 
 
 def read_rollouts(path: Path) -> Iterator[dict[str, Any]]:
     """The trajectory records of one ``rollouts/step_*.jsonl.gz`` file."""
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         for line in handle:
-            yield json.loads(line)
+            yield json_loads(line)
+
+
+def resolve_checkpoint(spec: str) -> Path:
+    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
+    path = Path(spec).expanduser()
+    if (path / "retool_state.json").is_file():
+        return path
+    if (path / "checkpoints.jsonl").is_file():
+        record = RunDirectory(path).last_checkpoint()
+        if record is None:
+            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
+        return Path(record.state_path)
+    raise RetoolError(
+        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
+        "(no checkpoints.jsonl)"
+    )

@@ -26,12 +26,12 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from retool.backends import service_client
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
-from retool.errors import ConfigError, RetoolError
+from retool.errors import ConfigError
 from retool.interrupts import InterruptGuard
 from retool.tracking import Tracker, make_tracker
 from retool.training.cost import SpendLedger, StepTokens
@@ -40,7 +40,8 @@ from retool.training.display import Display, step_summary
 from retool.training.faults import crash_point
 from retool.training.metrics import merge_trainer_metrics
 from retool.training.packing import pack_micro_batches, padded_area
-from retool.training.run_dir import RunDirectory
+from retool.training.provenance import RunInputs, recorded_init_from
+from retool.training.run_dir import RunDirectory, resolve_checkpoint
 from retool.types import AdamParams, ServiceClient, TrainingClient
 
 Summary = Callable[[int, int, dict[str, float]], str]
@@ -95,22 +96,6 @@ def save_checkpoint(
     state.checkpointed = step
 
 
-def resolve_checkpoint(spec: str) -> Path:
-    """``--init-from``: a state directory, or a run directory (its latest checkpoint)."""
-    path = Path(spec)
-    if (path / "retool_state.json").is_file():
-        return path
-    if (path / "checkpoints.jsonl").is_file():
-        record = RunDirectory(path).last_checkpoint()
-        if record is None:
-            raise RetoolError(f"--init-from {spec}: the run has no complete checkpoint")
-        return Path(record.state_path)
-    raise RetoolError(
-        f"--init-from {spec}: not a checkpoint (no retool_state.json) nor a run directory "
-        "(no checkpoints.jsonl)"
-    )
-
-
 def open_trainer(
     service: ServiceClient,
     config: RunConfig,
@@ -128,6 +113,7 @@ def open_trainer(
         return trainer, last.step, state
     if resume:
         run.rewind(0)  # killed before the first checkpoint: start over, keep step 1's journal
+        init_from = recorded_init_from(run.inputs_path)  # what the run started from
     if init_from:
         trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
     elif config.model.lora_rank > 0:
@@ -170,10 +156,13 @@ class Session:
         progress: bool,
         per_step: int,
         unit: str,
+        inputs: RunInputs | None = None,
     ) -> None:
         cfg = self.cfg = config.train
         self.config = config
-        self.run = RunDirectory.open(run_dir or cfg.run_dir, config, resume)
+        self.run = RunDirectory.open(
+            run_dir or cfg.run_dir, config, resume, inputs=inputs, init_from=init_from
+        )
         self.sink: Tracker | None = None
         if tracker:
             self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
@@ -201,10 +190,7 @@ class Session:
             weight_decay=cfg.weight_decay,
             grad_clip_norm=cfg.grad_clip_norm,
         )
-        self.run.log(
-            f"{'resuming after' if self.start else 'starting at'} step {self.start}; "
-            f"{cfg.steps} steps"
-        )
+        self.run.announce_start(self.start, resume, config.rollout.group_size)
         self.display = Display(cfg.steps, self.start, per_step, progress, unit)
         self.guard = InterruptGuard()
 
@@ -238,9 +224,11 @@ class Session:
                 yield self
         finally:
             self.display.close()
+            self.run.close()
             if self.sink is not None:
                 self.sink.close()
-            self.service.close()  # a remote session ends now, not at process exit
+            # a remote session ends now, not at process exit; a failing close only warns
+            close_quietly(self.service, "training service")
 
     def pack(self, datums: Sequence[TrainingDatum]) -> list[list[TrainingDatum]]:
         return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)

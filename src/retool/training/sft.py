@@ -25,6 +25,7 @@ from retool.protocol import get_protocol
 from retool.training.aggregation import scale_advantages
 from retool.training.cost import StepTokens
 from retool.training.datum import DatumError
+from retool.training.provenance import RunInputs, digest_file
 from retool.training.run_dir import RunDirectory
 from retool.training.session import Phases, Session
 from retool.training.sft_data import build_sft_datum, load_conversations
@@ -60,6 +61,7 @@ def run_sft(
         progress=progress,
         per_step=min(cfg.questions_per_batch, len(conversations)),
         unit="conv",
+        inputs=RunInputs("sft", str(data_path), digest_file(data_path)),
     )
     dialect = get_protocol(config.rollout.protocol)
     tokenizer = session.trainer.get_tokenizer()

@@ -174,18 +174,28 @@ class LocalServiceClient:
                 f"{info_path}: not a valid sampler description ({type(exc).__name__}: {exc}); "
                 "save the weights again with save_weights_for_sampler"
             ) from None
-        if merged:
-            model = run_in_worker(lambda: load_model(str(root), dtype=self.dtype).to(self.device))
-        else:
-            from peft import PeftModel
+        from safetensors import SafetensorError
 
-            base_model = self._model(base, None)
-            model = run_in_worker(
-                lambda: PeftModel.from_pretrained(
-                    base_model,  # type: ignore[arg-type]  # _model returns a torch Module
-                    str(root),
-                ).merge_and_unload()
-            )
+        try:
+            if merged:
+                model = run_in_worker(
+                    lambda: load_model(str(root), dtype=self.dtype).to(self.device)
+                )
+            else:
+                from peft import PeftModel
+
+                base_model = self._model(base, None)
+                model = run_in_worker(
+                    lambda: PeftModel.from_pretrained(
+                        base_model,  # type: ignore[arg-type]  # _model returns a torch Module
+                        str(root),
+                    ).merge_and_unload()
+                )
+        except SafetensorError as exc:  # a truncated or overwritten weights file
+            raise BackendError(
+                f"{root}: damaged weights file ({str(exc)[:120]}); use another checkpoint "
+                "of the run (RUN@STEP) or save these weights again"
+            ) from None
         return LocalSamplingClient(
             model, load_tokenizer(base), max_context_tokens=self.max_context_tokens
         )

@@ -26,6 +26,16 @@ finished, so a call is all-or-nothing (an optimizer step is never half
 applied when the training loop saves its interrupt checkpoint). That is no
 later than before: a signal never interrupted a torch operation running in
 the main thread either.
+
+The wait is on a lock the worker releases, never ``Thread.join``: on
+Python 3.11, a ``KeyboardInterrupt`` raised inside ``join`` while the thread
+still runs marks the thread as stopped (the bpo-45274 clean-up in
+``_wait_for_tstate_lock`` sees the running thread's lock held and releases
+it), so the next ``join`` returned at once. The interrupt then unwound the
+command and the interpreter exited with a worker inside torch:
+"terminate called without an active exception" and SIGABRT (134) or SIGSEGV
+(139), issue 25. Seen on ``retool sft`` on SmolLM2, whose first seconds are
+almost all such calls (model loading, the first ``forward_backward``).
 """
 
 from __future__ import annotations
@@ -55,23 +65,32 @@ def run_in_worker(fn: Callable[[], T]) -> T:
         return fn()
     threads = torch.get_num_threads()
     box: dict[str, Any] = {}
+    finished = threading.Lock()
+    finished.acquire()
 
     def target() -> None:
-        mark_compute_thread()
-        if torch.get_num_threads() != threads:  # the caller's setting, not OpenMP's default
-            torch.set_num_threads(threads)
         try:
+            mark_compute_thread()
+            if torch.get_num_threads() != threads:  # the caller's setting, not OpenMP's default
+                torch.set_num_threads(threads)
             box["value"] = fn()
         except BaseException as exc:  # handed to the caller as is
             box["error"] = exc
+        finally:
+            box["done"] = True
+            finished.release()
 
-    worker = threading.Thread(target=target, name="retool-compute", daemon=True)
+    # Not a daemon: should anything still let the interpreter exit during a
+    # call, it waits for the call instead of killing a thread inside torch.
+    worker = threading.Thread(target=target, name="retool-compute", daemon=False)
     worker.start()
     interrupt: BaseException | None = None
     while True:
         try:
-            worker.join()
-            break
+            # ``box["done"]`` covers an interrupt landing after a successful
+            # acquire; the timeout keeps that case from waiting forever.
+            if finished.acquire(timeout=0.5) or box.get("done"):
+                break
         except KeyboardInterrupt as exc:  # finish the call first (see the module docstring)
             interrupt = exc
     if interrupt is not None:

@@ -43,6 +43,7 @@ from retool.backends.local.lora_fast import use_lean_lora_forward
 from retool.backends.local.losses import LOSS_NAMES, chunked_target_logprobs, compute_loss
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.threads import run_in_worker
+from retool.data.files import write_failure
 from retool.errors import BackendError
 from retool.types import (
     AdamParams,
@@ -89,18 +90,33 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     A failure (or a crash) leaves ``final`` as it was: either the previous
     complete checkpoint or nothing.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    from safetensors import SafetensorError
+
+    # A full disk surfaces as OSError, SafetensorError or torch's RuntimeError
+    # ("unexpected pos"): one BackendError naming the checkpoint, the previous one kept.
+    unwritable = (OSError, SafetensorError, RuntimeError)
+    then = "the previous checkpoint is kept: rerun with --resume"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    except OSError as exc:
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from None
     try:
         yield tmp
+    except unwritable as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     trash = None
-    if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.rename(final, trash)
-    os.rename(tmp, final)
+    try:
+        if final.exists():
+            trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.rename(final, trash)
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from None
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -401,6 +417,7 @@ class LocalTrainingClient:
         return Future.run(lambda: run_in_worker(lambda: self._load(Path(path), True)))
 
     def _load(self, root: Path, with_optimizer: bool) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         with self._lock:
@@ -410,7 +427,14 @@ class LocalTrainingClient:
                     f"{root}: checkpoint of {meta['base_model']!r}, this "
                     f"client trains {self.base_model!r}"
                 )
-            weights = load_file(str(root / "trainable.safetensors"))
+            try:
+                weights = load_file(str(root / "trainable.safetensors"))
+            except SafetensorError as exc:  # truncated or overwritten
+                raise BackendError(
+                    f"{root / 'trainable.safetensors'}: damaged weights file ({str(exc)[:120]}); "
+                    "resume from an earlier checkpoint (remove this one's line from "
+                    "checkpoints.jsonl) or start a new run"
+                ) from None
             missing = set(self._names) - set(weights)
             if missing:
                 raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
@@ -420,7 +444,13 @@ class LocalTrainingClient:
             if not with_optimizer:
                 self._optimizer = None
                 return
-            state = torch.load(root / "state.pt", weights_only=False)
+            try:
+                state = torch.load(root / "state.pt", weights_only=False)
+            except (RuntimeError, EOFError, ValueError) as exc:  # truncated: torch's own words
+                raise BackendError(
+                    f"{root / 'state.pt'}: damaged optimizer state ({str(exc)[:120]}); resume "
+                    "from an earlier checkpoint or start a new run"
+                ) from None
             if state["optimizer"] is not None:
                 self._optimizer = torch.optim.AdamW(self._params)
                 self._optimizer.load_state_dict(state["optimizer"])
