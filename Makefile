@@ -34,6 +34,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy src/retool
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import typing
 from typing import Any
 
 from retool.errors import ConfigError
@@ -48,6 +49,7 @@ def check_number(
         raise ConfigError(f"{where} must be {kind} {bounds}".rstrip() + f", got {shown}")
     if (integer and not isinstance(value, numbers.Integral)) or not math.isfinite(value):
         raise ConfigError(f"{where} must be {kind} {bounds}".rstrip() + f", got {value!r}")
+    value = typing.cast(float, value)  # a finite real: compares as a float does
     if low is not None and (value <= low if low_open else value < low):
         raise ConfigError(f"{where} must be {bounds}, got {value}")
     if high is not None and value > high:

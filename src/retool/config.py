@@ -399,14 +399,14 @@ class TrainConfig:
         }
         for name, (low, high) in ints.items():
             check_range("train", name, getattr(self, name), low, high, integer=True)
-        floats = {
+        floats: dict[str, tuple[float, float]] = {
             "learning_rate": (0, 1),
             "weight_decay": (0, 1),
             "grad_clip_norm": (0, 1e6),
             "clip_high": (1, 100),
         }
-        for name, (low, high) in floats.items():
-            check_range("train", name, getattr(self, name), low, high, integer=False)
+        for name, (lowest, highest) in floats.items():
+            check_range("train", name, getattr(self, name), lowest, highest, integer=False)
         check_range("train", "eps", self.eps, 0, 1, integer=False, low_open=True)
         check_range("train", "clip_low", self.clip_low, 0, 1, integer=False, low_open=True)
         for name in ("beta1", "beta2"):

@@ -12,8 +12,13 @@ Values:
     ForwardBackwardOutput, OptimStepOutput   what training calls return
     Future            a result that may not have arrived yet (``.result()`` / ``await``)
 
-Clients (``typing.Protocol``; the method set of the pytrio/tinker SDKs):
+Clients (``typing.Protocol``; the method set of the pytrio/tinker SDKs, plus
+what the loop uses: ``max_context_tokens``, ``close``):
     ServiceClient, TrainingClient, SamplingClient
+
+The sandbox (``typing.Protocol``; :class:`~retool.sandbox.LocalSandbox` and
+:class:`~retool.sandbox.fusion.FusionSandbox` implement it):
+    Sandbox           ``run`` / ``arun`` one snippet, ``close``, ``stats``, ``timeout``
 
 Contract shared by every backend:
     * ``loss_fn_inputs`` are already shifted by the caller: position ``t`` of
@@ -35,12 +40,16 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from retool.checks import check_number
 from retool.errors import ConfigError
+
+if TYPE_CHECKING:  # the sandbox's values, named in the Sandbox protocol only
+    from retool.sandbox.result import ExecResult
+    from retool.sandbox.stats import SandboxStats
 
 T = TypeVar("T")
 
@@ -314,6 +323,15 @@ class SamplingClient(Protocol):
 
     def get_tokenizer(self) -> Any: ...
 
+    @property
+    def max_context_tokens(self) -> int | None:
+        """Longest prompt + completion the sampler serves; ``None`` if it does not say."""
+        ...
+
+    def close(self) -> None:
+        """Release what this snapshot holds (a no-op where it holds nothing)."""
+        ...
+
 
 @runtime_checkable
 class TrainingClient(Protocol):
@@ -341,6 +359,11 @@ class TrainingClient(Protocol):
 
     def get_tokenizer(self) -> Any: ...
 
+    @property
+    def max_context_tokens(self) -> int | None:
+        """Longest datum the trainer accepts; ``None`` if it does not say."""
+        ...
+
 
 @runtime_checkable
 class ServiceClient(Protocol):
@@ -350,6 +373,49 @@ class ServiceClient(Protocol):
         self, base_model: str, rank: int = 32, seed: int | None = None
     ) -> TrainingClient: ...
 
+    def create_training_client(
+        self, base_model: str, full: bool = True, seed: int | None = None
+    ) -> TrainingClient:
+        """Full fine-tuning (the local backend only; the services train LoRA adapters)."""
+        ...
+
+    def create_training_client_from_state(self, path: str) -> TrainingClient:
+        """Weights of a saved state, a fresh optimizer (``--init-from``)."""
+        ...
+
+    def create_training_client_from_state_with_optimizer(self, path: str) -> TrainingClient:
+        """Weights and optimizer of a saved state (``--resume``)."""
+        ...
+
     def create_sampling_client(
         self, model_path: str | None = None, base_model: str | None = None
     ) -> SamplingClient: ...
+
+    def close(self) -> None:
+        """End the session (a remote one now, not at process exit; locally a no-op)."""
+        ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """Runs model-written code in isolation, one snippet per call."""
+
+    @property
+    def timeout(self) -> float:
+        """Wall-clock seconds a call may take unless it asks for another limit."""
+        ...
+
+    @property
+    def stats(self) -> SandboxStats:
+        """Counts of the calls so far, by outcome."""
+        ...
+
+    def run(self, code: str, timeout: float | None = None) -> ExecResult: ...
+
+    async def arun(self, code: str, timeout: float | None = None) -> ExecResult: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Sandbox: ...
+
+    def __exit__(self, *exc: object) -> None: ...

@@ -55,6 +55,9 @@ class ScriptedSampler:
     max_context_tokens: int | None = None
     requests: list[Request] = field(default_factory=list)
 
+    def close(self) -> None:
+        """Holds nothing (the sampler contract has ``close``)."""
+
     async def sample_async(self, prompt, num_samples, params):
         tokens = prompt.to_ints()
         self.requests.append(Request(tokens, num_samples, params))

@@ -280,6 +280,7 @@ class ReplaySampler:
     tokens: list[int]
     weights: list[float]
     prompts: list[list[int]] = field(default_factory=list)
+    max_context_tokens: int | None = None  # no limit of its own
 
     async def sample_async(self, prompt, num_samples, params):
         ids = prompt.to_ints()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from retool.backends.pytrio import PytrioServiceClient
 from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
+from retool.types import SamplingClient, ServiceClient
 
 if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
     from retool.config import ModelConfig
@@ -21,7 +22,7 @@ def service_client(
     model: ModelConfig,
     checkpoint_root: str | Path = "runs/checkpoints",
     **local_options: Any,
-) -> Any:
+) -> ServiceClient:
     """A service client for ``model.backend``: local, or a PyTRIO / Tinker adapter.
 
     The remote adapters check their credential here, before any request, and
@@ -43,7 +44,7 @@ def service_client(
     raise ConfigError(f"model.backend must be local, pytrio or tinker; got {model.backend!r}")
 
 
-def open_sampling_client(service: Any, model: str) -> Any:
+def open_sampling_client(service: ServiceClient, model: str) -> SamplingClient:
     """A sampling client for ``model``: saved sampler weights, or a base model name."""
     if (Path(model) / "retool_sampler.json").is_file():
         return service.create_sampling_client(model_path=model)

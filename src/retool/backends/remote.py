@@ -601,6 +601,9 @@ class RemoteSamplingClient(abc.ABC):
         """The sequence limit the SDK client itself reports, if any."""
         return None
 
+    def close(self) -> None:  # noqa: B027 - the service holds the snapshot, nothing to free here
+        """Nothing to release: the snapshot lives on the service until the session ends."""
+
     def get_tokenizer(self) -> Any:
         with self._tokenizer_lock:
             if self._tokenizer is None:

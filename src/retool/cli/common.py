@@ -123,7 +123,7 @@ def add_number(
     parse.__name__ = "integer" if integer else "number"
     lower = f"{'>' if low_open else '>='} {format_bound(low)}" if low is not None else ""
     upper = f"<= {format_bound(high)}" if high is not None else ""
-    if lower and upper:
+    if low is not None and high is not None:
         bounds = f"in {'(' if low_open else '['}{format_bound(low)}, {format_bound(high)}]"
     else:
         bounds = lower or upper or "finite"

@@ -47,7 +47,13 @@ from retool.evaluation import load_eval_examples, load_results, summarize
 from retool.training.run_dir import config_to_toml
 
 DEFAULT_CONFIG = Path("configs/demo.toml")
-QUICK = {"eval_limit": 8, "eval_n": 2, "sft_steps": 3, "sft_batch": 8, "rl_steps": 1}
+QUICK: dict[str, Any] = {
+    "eval_limit": 8,
+    "eval_n": 2,
+    "sft_steps": 3,
+    "sft_batch": 8,
+    "rl_steps": 1,
+}
 
 # Seconds on a quiet 2-core laptop CPU (measured 2026-11-30 with configs/demo.toml:
 # evaluations of 160 samples took 168-219 s, 10 SFT steps x 16 took 215 s, 8 RL steps

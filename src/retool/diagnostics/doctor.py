@@ -35,6 +35,7 @@ from typing import Any
 from retool import __version__
 from retool.config import load_config
 from retool.data import load_dataset
+from retool.data.files import check_output_dir
 from retool.errors import RetoolError
 from retool.sandbox import IsolationLevel, LocalSandbox
 
@@ -341,8 +342,6 @@ def check_credentials(backend: str) -> list[Check]:
 
 def check_run_dir(run_dir: str, resume: bool = False) -> Check:
     """Whether ``retool train``/``sft`` would accept this run directory (with ``resume``)."""
-    from retool.data.files import check_output_dir
-
     path = Path(run_dir).expanduser()
     try:
         check_output_dir(path, flag="run directory")

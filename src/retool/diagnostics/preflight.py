@@ -363,9 +363,7 @@ def run_preflight(
         finally:
             if sandbox is not None:
                 sandbox.close()
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            sampler.close()
         numerics = measure_mismatch(service, config, init_from, result.trajectories)
     datums = build_training_datums(result.trajectories, config.train.max_train_tokens)
     trained = trained_tokens(datums)

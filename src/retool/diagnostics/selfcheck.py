@@ -105,9 +105,9 @@ def run_selfcheck(
         timeout=config.reward.timeout,
         workers=config.reward.workers,
     )
-    for problem, result in zip(problems, results, strict=True):
-        if not result.correct and not any(f.startswith(f"{problem.id}:") for f in failures):
-            failures.append(f"{problem.id}: reward: {result.answer!r} scored {result.reward:+.0f}")
+    for problem, scored in zip(problems, results, strict=True):
+        if not scored.correct and not any(f.startswith(f"{problem.id}:") for f in failures):
+            failures.append(f"{problem.id}: reward: {scored.answer!r} scored {scored.reward:+.0f}")
     return SelfCheckReport(
         total=len(problems),
         correct=sum(r.correct for r in results),

@@ -49,6 +49,7 @@ from retool.evaluation.results import (
     write_atomic,
 )
 from retool.evaluation.summary import EvalSummary, summarize
+from retool.reward import EquivalenceChecker, Scorer
 from retool.rollout import (
     ProgressCallback,
     ProgressEvent,
@@ -58,6 +59,7 @@ from retool.rollout import (
     rollout_batch_async,
 )
 from retool.rollout.sync import synchronous
+from retool.types import SamplingClient, Sandbox
 
 # Rollout fields that decide the samples (the rest are concurrency and retry knobs).
 SAMPLE_DECIDING = (
@@ -277,15 +279,15 @@ def prepare_evaluation(
 
 
 async def evaluate_async(
-    sampling_client: Any,
+    sampling_client: SamplingClient,
     tokenizer: Any,
-    sandbox: Any | None,
+    sandbox: Sandbox | None,
     evaluation: PreparedEvaluation,
     *,
     progress: ProgressCallback | None = None,
     reward_timeout: float = 5.0,
-    scorer: Any | None = None,
-    checker: Any | None = None,
+    scorer: Scorer | None = None,
+    checker: EquivalenceChecker | None = None,
 ) -> EvalSummary:
     """Sample every problem of ``evaluation`` ``n`` times, write its file, return the summary.
 
@@ -298,7 +300,7 @@ async def evaluate_async(
     if evaluation.tools != (sandbox is not None):
         raise ValueError("a tool-mode evaluation needs a sandbox, a text-mode one sandbox=None")
     config, output = evaluation.config, evaluation.output
-    check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
+    check_context_limit(config, sampling_client.max_context_tokens, "the sampler")
     output.parent.mkdir(parents=True, exist_ok=True)
     kept = evaluation.resume.rows
     with writing(output, "results file", then="nothing was written"):

@@ -72,7 +72,14 @@ from retool.rollout.types import (
     Trajectory,
 )
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
-from retool.types import ModelInput, SampledSequence, SamplerStop, SamplingParams
+from retool.types import (
+    ModelInput,
+    SampledSequence,
+    SamplerStop,
+    SamplingClient,
+    SamplingParams,
+    Sandbox,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +129,9 @@ class _Batch:
 
     def __init__(
         self,
-        sampling_client: Any,
+        sampling_client: SamplingClient,
         tokenizer: Any,
-        sandbox: Any | None,
+        sandbox: Sandbox | None,
         examples: Sequence[MathExample],
         config: RolloutConfig,
         step: int,
@@ -155,7 +162,7 @@ class _Batch:
         self.sample_slots = _WeightedSemaphore(config.max_in_flight_samples)
         self.tool_slots = asyncio.Semaphore(config.max_in_flight_tools)
         self.shared_code: dict[tuple[int, str], asyncio.Task[tuple[ExecResult | None, int]]] = {}
-        self.tool_timeout = getattr(sandbox, "timeout", None)
+        self.tool_timeout = sandbox.timeout if sandbox is not None else None
         self.reserve: int | None = None  # wrapper + minimum observation, measured once
         self.started = time.monotonic()
         self.scoring: list[asyncio.Task[None]] = []
@@ -250,6 +257,8 @@ class _Batch:
         """The result and the attempts made. ``None``: every attempt failed and the
         sandbox saw the code never run (exclude); a ``SANDBOX`` result: every
         attempt failed and one may have run (the trajectory's failure)."""
+        sandbox = self.sandbox
+        assert sandbox is not None, "code runs only in tool mode, which has a sandbox"
         attempts = 1 + self.config.sandbox_retries
         may_have_run: ExecResult | None = None
         for attempt in range(attempts):
@@ -260,7 +269,7 @@ class _Batch:
             try:
                 async with self.tool_slots:
                     self.counters.tool_executions += 1
-                    result = await self.sandbox.arun(code)
+                    result = await sandbox.arun(code)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -533,9 +542,8 @@ class _Batch:
             sampled = replies[0]
 
     async def run(self) -> RolloutResult:
-        sandbox_stats = getattr(self.sandbox, "stats", None)
-        if sandbox_stats is not None:
-            sandbox_stats.snapshot_and_reset()  # the window starts with this batch
+        if self.sandbox is not None:
+            self.sandbox.stats.snapshot_and_reset()  # the window starts with this batch
         await asyncio.gather(
             *(self.run_question(q, example) for q, example in enumerate(self.examples))
         )
@@ -543,7 +551,7 @@ class _Batch:
         trajectories = [t for t in self.trajectories if t is not None]
         assert len(trajectories) == self.total, "every slot gets a trajectory"
         assign_group_advantages(trajectories, self.config.advantage)
-        window = sandbox_stats.snapshot_and_reset() if sandbox_stats is not None else {}
+        window = self.sandbox.stats.snapshot_and_reset() if self.sandbox is not None else {}
         return RolloutResult(
             trajectories=trajectories,
             group_size=self.group_size,
@@ -555,9 +563,9 @@ class _Batch:
 
 
 async def rollout_batch_async(
-    sampling_client: Any,
+    sampling_client: SamplingClient,
     tokenizer: Any,
-    sandbox: Any | None,
+    sandbox: Sandbox | None,
     examples: Sequence[MathExample],
     config: RolloutConfig,
     *,
@@ -591,7 +599,7 @@ async def rollout_batch_async(
                 f"reuse[{slot}] must be a complete group of {config.group_size} trajectories "
                 f"for a slot below {len(examples)}"
             )
-    check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
+    check_context_limit(config, sampling_client.max_context_tokens, "the sampler")
     check_context_limit(config, context_limit, "the trainer")
     batch = _Batch(
         sampling_client,

@@ -25,7 +25,10 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the shipped copy imports nothing more
+    import ast
 
 # Bound at import: the call's code may replace these in ``os`` and ``traceback``,
 # and the epilogue of run_code (after the code) must still work.
@@ -88,7 +91,7 @@ def exit_now(status: int) -> None:
     _exit(status)
 
 
-def run_code(code: str, add_autoprint: Callable[[str], str]) -> int:
+def run_code(code: str, add_autoprint: Callable[[str], ast.Module | str]) -> int:
     """Run ``code`` as ``__main__``; its exit status. Never raises.
 
     What the call sees of a failure is its own: a syntax error, or a
@@ -140,7 +143,7 @@ def exit_status(exc: SystemExit) -> tuple:
 def _remote_main(autoprint_source: str, code: str, env: dict) -> None:
     """The shipped copy's entry: the local calls' environment, then the code; exits."""
     os.environ.update(env)  # before the code imports numpy & co., which read them once
-    autoprint = {"__name__": "retool_autoprint"}
+    autoprint: dict[str, Any] = {"__name__": "retool_autoprint"}
     exec(compile(autoprint_source, "<retool-autoprint>", "exec"), autoprint)
     _exit(run_code(code, autoprint["add_autoprint"]) & 0xFF)
 

@@ -12,21 +12,21 @@ top_p 0.7, so pass the same settings to compare the two.
 
 from __future__ import annotations
 
-from typing import Any
-
 from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results, prepare_evaluation
 from retool.reward import Scorer, default_checker
+from retool.rollout import ProgressEvent
 from retool.training.faults import crash_point
 from retool.training.session import Session
+from retool.types import Sandbox
 
 
 class PeriodicEval:
     """The evaluations one run asks for: which steps, which problems, and running one."""
 
     def __init__(
-        self, config: RunConfig, session: Session, sandbox: Any, scorer: Scorer | None
+        self, config: RunConfig, session: Session, sandbox: Sandbox, scorer: Scorer | None
     ) -> None:
         cfg = config.train
         self.config, self.session, self.sandbox, self.scorer = config, session, sandbox, scorer
@@ -51,6 +51,11 @@ class PeriodicEval:
         session.run.eval_dir.mkdir(exist_ok=True)
         crash_point("eval", step)  # the disk-full test fills the disk here
         sampler = session.trainer.save_weights_and_get_sampling_client()
+
+        def on_result(event: ProgressEvent) -> None:
+            session.display.advance(event.count)
+            crash_point("eval", step)
+
         try:
             evaluation = prepare_evaluation(
                 self.examples,

@@ -172,8 +172,8 @@ class Session:
         )
         record_numerics(self.run, service, resume)
         self.numerics = getattr(service, "numerics", None)  # local backend: per-role dtypes
-        limit = getattr(self.trainer, "max_context_tokens", None)
-        if isinstance(limit, int) and 0 < limit < cfg.max_train_tokens:
+        limit = self.trainer.max_context_tokens
+        if limit is not None and 0 < limit < cfg.max_train_tokens:
             raise ConfigError(
                 f"train.max_train_tokens ({cfg.max_train_tokens}) is more than the trainer "
                 f"accepts ({limit} tokens for {config.model.base_model} on "

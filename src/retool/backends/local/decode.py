@@ -141,9 +141,8 @@ def lean_decoder_for(model: Any) -> LeanDecoder | None:
     if type(model) is not LlamaForCausalLM:
         return None
     config = model.config
-    if getattr(config, "pretraining_tp", 1) != 1 or config.num_attention_heads % max(
-        1, config.num_key_value_heads
-    ):
+    kv_heads: int = config.num_key_value_heads or 1  # HF types it int | None
+    if getattr(config, "pretraining_tp", 1) != 1 or config.num_attention_heads % max(1, kv_heads):
         return None
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp

@@ -147,7 +147,7 @@ def rebuild_batch(
             buffers.append(buffer)
         layers.append(_GrowableLayer.from_buffers(buffers[0], buffers[1], width))
     out = DynamicCache()
-    out.layers = layers
+    out.layers = layers  # type: ignore[assignment]  # our layers implement HF's layer API
     return out, new_valid
 
 
@@ -170,7 +170,8 @@ def make_cache_empty() -> DynamicCache:
 
 def cache_kv(cache: DynamicCache) -> KV:
     """The (views of the) keys/values currently held by ``cache``."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    # every layer of our caches holds keys and values (HF types also name other layer kinds)
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[misc, union-attr]
 
 
 def kv_bytes(kv: KV) -> int:

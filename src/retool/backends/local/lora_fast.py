@@ -47,7 +47,8 @@ def use_lean_lora_forward(model: torch.nn.Module) -> int:
     count = 0
     for module in model.modules():
         if type(module) is LoraLinear and not hasattr(module, "_retool_peft_forward"):
-            module._retool_peft_forward = module.forward
-            module.forward = types.MethodType(_lean_forward, module)
+            # torch types module attributes as Tensor | Module; these are methods
+            module._retool_peft_forward = module.forward  # type: ignore[assignment]
+            module.forward = types.MethodType(_lean_forward, module)  # type: ignore[method-assign]
             count += 1
     return count

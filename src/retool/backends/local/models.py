@@ -232,7 +232,7 @@ def load_model(name: str, dtype: Any = None, seed: int = 0) -> Any:
             source.path, gguf_file=source.gguf_file, dtype=torch.float32
         )
         # A GGUF-loaded model refuses save_pretrained until its quantizer is dropped.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # HF types it as a module
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)

@@ -197,6 +197,9 @@ class LocalServiceClient:
         client.load_state_with_optimizer(str(path)).result()
         return client
 
+    def close(self) -> None:
+        """Nothing to end: the models live in this process (a service's session would end here)."""
+
     def create_sampling_client(
         self, model_path: str | Path | None = None, base_model: str | None = None
     ) -> LocalSamplingClient:
@@ -234,7 +237,10 @@ class LocalServiceClient:
 
                 base_model = self._model(base, None)
                 model = run_in_worker(
-                    lambda: PeftModel.from_pretrained(base_model, str(root)).merge_and_unload()
+                    lambda: PeftModel.from_pretrained(
+                        base_model,  # type: ignore[arg-type]  # _model returns a torch Module
+                        str(root),
+                    ).merge_and_unload()
                 )
         except SafetensorError as exc:  # a truncated or overwritten weights file
             raise BackendError(

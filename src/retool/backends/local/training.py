@@ -48,6 +48,7 @@ from retool.backends.local.losses import (
 )
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.threads import run_in_worker
+from retool.data.files import write_failure
 from retool.errors import BackendError
 from retool.types import (
     AdamParams,
@@ -95,8 +96,6 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     complete checkpoint or nothing.
     """
     from safetensors import SafetensorError
-
-    from retool.data.files import write_failure
 
     # A full disk surfaces as OSError, SafetensorError or torch's RuntimeError
     # ("unexpected pos"): one BackendError naming the checkpoint, the previous one kept.
@@ -221,7 +220,8 @@ class LocalTrainingClient:
             ).last_hidden_state
             cache = DynamicCache(config=lm.config)
             for index, layer in enumerate(prefix_cache.layers):
-                keys, values = (t.expand(rows, -1, -1, -1) for t in (layer.keys, layer.values))
+                pair = (layer.keys, layer.values)  # type: ignore[union-attr]  # a full-attention layer
+                keys, values = (t.expand(rows, -1, -1, -1) for t in pair)  # type: ignore[union-attr]
                 cache.update(keys, values, index)
             positions = torch.arange(prefix, width, device=input_ids.device).unsqueeze(0)
             rest = lm.model(
