@@ -34,6 +34,7 @@ from retool.backends.pytrio import check_rank as check_pytrio_rank
 from retool.backends.tinker import check_rank as check_tinker_rank
 from retool.checks import SEED_MAX, check_device, check_number, check_path_text
 from retool.data.files import read_text
+from retool.data.longints import toml_loads
 from retool.errors import ConfigError
 from retool.protocol import PROTOCOL_NAMES
 from retool.sandbox.fusion import MAX_REQUEST_RETRIES, parse_endpoint
@@ -77,6 +78,14 @@ def _positive(section: str, name: str, value: float, high: float | None = None) 
 
 def _at_least(section: str, name: str, value: float, low: float, high: float | None = None) -> None:
     check_range(section, name, value, low, high)
+
+
+def expand_home(config: Any, *names: str) -> None:
+    """A leading ``~`` in a path setting is the home directory, the same for every command."""
+    for name in names:
+        value = getattr(config, name)
+        if value.startswith("~"):
+            object.__setattr__(config, name, os.path.expanduser(value))
 
 
 LOSS_REDUCTIONS = ("auto", "sum", "active_token_mean", "advantage_token_mean")
@@ -178,6 +187,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_path_text("data.train", self.train)
         check_path_text("data.dev", self.dev)
+        expand_home(self, "train", "dev")
         check_range("data", "seed", self.seed, 0, SEED_MAX, integer=True)
 
 
@@ -356,8 +366,25 @@ class TrainConfig:
     eval_limit: int = 0  # first this many problems, in [0, 10**7]; 0 = all
     seed: int = 0  # LoRA initialisation, in [0, 2**32 - 1]
     run_dir: str = "runs/default"  # metrics, checkpoints, samples
+    # Sampler/trainer numerics (retool.training.numerics): where pi_old comes from, and the
+    # rollout correction (auto: none when sampler and trainer are float32, else tis).
+    old_logprobs: str = "sampler"  # sampler | recompute (one trainer forward per step)
+    rollout_correction: str = "auto"  # auto | none | tis | mis
+    rollout_correction_cap: float = 2.0  # C: TIS cap, MIS keeps ratios in [1/C, C]; (1, 100]
 
     def __post_init__(self) -> None:
+        if self.old_logprobs not in ("sampler", "recompute"):
+            raise ConfigError(
+                f"train.old_logprobs must be sampler or recompute; got {self.old_logprobs!r}"
+            )
+        if self.rollout_correction not in ("auto", "none", "tis", "mis"):
+            raise ConfigError(
+                "train.rollout_correction must be auto, none, tis or mis; "
+                f"got {self.rollout_correction!r}"
+            )
+        check_range(
+            "train", "rollout_correction_cap", self.rollout_correction_cap, 1, 100, low_open=True
+        )
         ints = {  # name: (low, high); every bound is inclusive
             "steps": (1, 10**7),
             "questions_per_batch": (1, 2**16),
@@ -403,6 +430,7 @@ class TrainConfig:
             )
         check_path_text("train.eval_dataset", self.eval_dataset, empty=True)
         check_path_text("train.run_dir", self.run_dir)
+        expand_home(self, "eval_dataset", "run_dir")
 
 
 @dataclass(frozen=True)
@@ -470,6 +498,7 @@ class DemoConfig:
         check_range("demo", "sft_learning_rate", self.sft_learning_rate, 0, 1, low_open=True)
         check_range("demo", "rl_steps", self.rl_steps, 0, 10_000, integer=True)
         check_path_text("demo.eval_dataset", self.eval_dataset)
+        expand_home(self, "eval_dataset")
         check_range("demo", "eval_n", self.eval_n, 1, 1024, integer=True)
         check_range("demo", "eval_limit", self.eval_limit, 0, 10**7, integer=True)
         check_range("demo", "eval_temperature", self.eval_temperature, 0, 100)
@@ -554,7 +583,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"--set expects section.key=value, got {text!r}")
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        value = toml_loads(f"v = {raw.strip()}", f"--set {dotted.strip()}", lines=False)["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word such as markdown
     return parts[0], parts[1], value
@@ -569,7 +598,7 @@ def load_config(
         path = Path(path)
         text = read_text(path, what="config file", error=ConfigError)
         try:
-            raw = tomllib.loads(text)
+            raw = toml_loads(text, str(path))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML ({exc})") from None
     sections = {f.name: f for f in dataclasses.fields(RunConfig)}

@@ -127,3 +127,96 @@ def test_lean_lora_forward_matches_peft():
     ):
         if a.requires_grad:
             torch.testing.assert_close(b.grad, a.grad, msg=name)
+
+
+# -- sampler/trainer mismatch and rollout correction ----------------------------------
+
+SAMPLER = [-1.0, -1.0, -1.0, -1.0, -2.0]
+TRAINER = [-1.0, 0.0, -1.0, -1.9, -1.0]  # log rho: 0, 1, 0, -0.9, 1 (rho e > cap 2 twice)
+ADVS = [1.0, 1.0, 0.0, -1.0, 2.0]  # token 2 is not a loss token
+
+
+def _is_grad(mode: int, recompute: bool, segments=None):
+    """Gradient of importance_sampling at theta_old in one old_logprobs mode."""
+    current = torch.tensor(TRAINER, requires_grad=True)
+    inputs = {"advantages": torch.tensor(ADVS)}
+    if recompute:
+        inputs["logprobs"] = torch.tensor(TRAINER)
+        inputs["sampler_logprobs"] = torch.tensor(SAMPLER)
+    else:
+        inputs["logprobs"] = torch.tensor(SAMPLER)
+    config = {"rollout_correction": mode, "rollout_correction_cap": 2.0}
+    loss, metrics = compute_loss("importance_sampling", current, inputs, config, segments)
+    loss.backward()
+    return current.grad, metrics
+
+
+def test_tis_caps_the_importance_weight_in_both_old_logprob_modes():
+    rho = [math.exp(t - s) for t, s in zip(TRAINER, SAMPLER, strict=True)]
+    expected = [-min(r, 2.0) * a for r, a in zip(rho, ADVS, strict=True)]
+    for recompute in (False, True):
+        grad, metrics = _is_grad(1, recompute)
+        assert grad.tolist() == pytest.approx(expected, rel=1e-6)
+        assert metrics["correction_fraction"] == pytest.approx(2 / 4)  # tokens 1 and 4 capped
+        kl = -sum(math.log(r) for r, a in zip(rho, ADVS, strict=True) if a) / 4
+        assert metrics["sampler_kl"] == pytest.approx(kl, rel=1e-6)
+        # rho outside [0.8, 1.2]: tokens 1, 3, 4 of the four loss tokens
+        assert metrics["sampler_clip_fraction"] == pytest.approx(3 / 4)
+    # Without a correction, sampler logprobs as pi_old carry the full rho; recompute none.
+    plain, metrics = _is_grad(0, False)
+    assert plain.tolist() == pytest.approx([-r * a for r, a in zip(rho, ADVS, strict=True)])
+    assert "correction_fraction" not in metrics
+    assert _is_grad(0, True)[0].tolist() == pytest.approx([-a for a in ADVS])
+
+
+def test_mis_masks_whole_sequences_whose_ratio_leaves_the_bounds():
+    # Datum 0 = tokens 0-2 (sum log rho 1 > log 2: masked), datum 1 = tokens 3-4 (0.1: kept).
+    segments = torch.tensor([0, 0, 0, 1, 1])
+    rho = [math.exp(t - s) for t, s in zip(TRAINER, SAMPLER, strict=True)]
+    for recompute in (False, True):
+        grad, metrics = _is_grad(2, recompute, segments)
+        kept = [0.0, 0.0, 0.0, rho[3] * -ADVS[3], rho[4] * -ADVS[4]]
+        if recompute:
+            kept = [0.0, 0.0, 0.0, -ADVS[3], -ADVS[4]]  # ratio 1; the weight is 0/1
+        assert grad.tolist() == pytest.approx(kept, rel=1e-6)
+        assert metrics["correction_fraction"] == pytest.approx(2 / 4)
+
+
+def test_correction_weights_match_the_remote_numpy_rule():
+    import numpy as np
+
+    from retool.backends.local.losses import correction_weights as torch_rule
+    from retool.training.numerics import correction_weights as numpy_rule
+
+    log_rho = torch.tensor([0.0, 1.0, 0.0, -0.9, 1.0, 0.3])
+    active = torch.tensor([True, True, False, True, True, True])
+    segments = torch.tensor([0, 0, 0, 1, 1, 2])
+    for mode, name in ((1, "tis"), (2, "mis")):
+        weight, cut = torch_rule(log_rho, active, segments, mode, 2.0)
+        parts = [np.array([0.0, 1.0, 0.0]), np.array([-0.9, 1.0]), np.array([0.3])]
+        acts = [np.array([True, True, False]), np.array([True, True]), np.array([True])]
+        weights, n_cut = numpy_rule(parts, acts, name, 2.0)
+        flat = np.concatenate(weights)
+        mask = active.numpy()
+        np.testing.assert_allclose(flat[mask], weight.numpy()[mask], rtol=1e-6)
+        assert n_cut == int(cut.sum())
+
+
+def test_bad_correction_settings_are_refused():
+    new, inputs = _inputs()
+    with pytest.raises(BackendError, match="rollout_correction"):
+        compute_loss("ppo", new, inputs, {"rollout_correction": 3})
+    with pytest.raises(BackendError, match="cap"):
+        compute_loss("ppo", new, inputs, {"rollout_correction": 1, "rollout_correction_cap": 1.0})
+
+
+def test_target_logprobs_stay_float32_under_bf16_autocast():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 16)
+    head = torch.randn(100, 16) * 3
+    targets = torch.randint(0, 100, (2, 5))
+    plain = chunked_target_logprobs(hidden, head, targets, chunk=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = chunked_target_logprobs(hidden, head, targets, chunk=2)
+    assert under.dtype == torch.float32
+    torch.testing.assert_close(under, plain, atol=1e-5, rtol=1e-5)

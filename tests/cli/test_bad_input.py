@@ -40,16 +40,29 @@ DIR = object()  # a directory in a case's files
 
 
 @dataclass(frozen=True)
+class Link:
+    """A symbolic link in a case's files (``Link("loop")`` at ``loop``: a symlink loop)."""
+
+    target: str
+
+
+@dataclass(frozen=True)
 class Case:
     name: str
     argv: str  # shell words, relative paths resolve in the case directory
     says: tuple[str, ...]  # fragments the error line must contain
-    files: dict[str, object] = field(default_factory=dict)  # path -> str | bytes | DIR
+    files: dict[str, object] = field(default_factory=dict)  # path -> str | bytes | DIR | Link
+    env: tuple[tuple[str, str], ...] = ()  # extra environment (a value "@" + name: under cwd)
 
 
 def case(name: str, argv: str, *says: str, **files: object) -> Case:
-    """A case; ``files`` maps relative paths to str, bytes or ``DIR``."""
+    """A case; ``files`` maps relative paths to str, bytes, ``DIR`` or a :class:`Link`."""
     return Case(name, argv, says, dict(files))
+
+
+def env_case(name: str, argv: str, env: dict[str, str], *says: str, **files: object) -> Case:
+    """A case run with extra environment variables."""
+    return Case(name, argv, says, dict(files), tuple(env.items()))
 
 
 # -- fixtures: files the cases point at ------------------------------------------------
@@ -76,6 +89,10 @@ DEMO_CONVERSATION = json.dumps(
         ],
     }
 )
+BIG = "9" * 5000  # more digits than Python converts to an int (4300)
+BIG_RESULTS = RESULTS.replace('"sample_index": 0', f'"sample_index": {BIG}')
+WRONG_TYPE = RESULTS.replace("true", '"false"')
+SURROGATE = '{"id": 1, "question": "What is \\ud800 2 + 2?", "answer": "4"}\n'
 EVAL = "eval --model tiny-random --dataset demo --output out.jsonl"
 SFT = "sft --data demos.jsonl"
 
@@ -341,6 +358,48 @@ CASES = [
          **{"c.toml": ""}),
     case("demo-output-file", "demo --config c.toml --output f", "--output f", f="x",
          **{"c.toml": ""}),
+    # -- issue 20: tracebacks that remained ---------------------------------------------------
+    case("toml-int-too-long", "train --config t.toml", "t.toml:2", "5000 digits", "4300",
+         **{"t.toml": f"[train]\nsteps = {BIG}\n"}),
+    case("set-int-too-long", f"train --set train.steps={BIG}", "--set train.steps", "5000 digits"),
+    case("dataset-surrogate", "rollout --dataset s.jsonl", "s.jsonl:1", "'question'",
+         "surrogate", **{"s.jsonl": SURROGATE}),
+    case("train-data-surrogate", "train --set data.train=s.jsonl", "s.jsonl:1", "surrogate",
+         **{"s.jsonl": SURROGATE}),
+    case("metrics-int-too-long", "report run", "metrics.jsonl:1", "not valid JSON",
+         **{**RUN, "run/metrics.jsonl": f'{{"step": 1, "x": {BIG}}}\n{{"step": 2}}\n'}),
+    case("results-int-too-long", "eval compare a.jsonl a.jsonl", "a.jsonl:2", "not valid JSON",
+         **{"a.jsonl": BIG_RESULTS}),
+    case("rollout-output-loop", "rollout --output loop", "--output loop", "symlink loop",
+         loop=Link("loop")),
+    case("eval-output-loop", EVAL.replace("out.jsonl", "loop/o.jsonl"), "symlink loop",
+         loop=Link("loop")),
+    case("train-run-dir-loop", "train --run-dir loop", "--run-dir loop", "symlink loop",
+         loop=Link("loop")),
+    case("prep-output-loop", "prepare-data demo --output-dir loop", "symlink loop",
+         loop=Link("loop")),
+    case("metrics-missing-step", "report run", "run/metrics.jsonl:1", "no 'step' field",
+         **{**RUN, "run/metrics.jsonl": '{"reward/mean": 0.5}\n{"step": 2}\n'}),
+    case("metrics-not-utf8", "report run", "run/metrics.jsonl:1", "not UTF-8",
+         **{**RUN, "run/metrics.jsonl": b'{"step": 1, "x": "\xff"}\n{"step": 2}\n'}),
+    case("manifest-missing-field", "eval --model run --dataset demo --output o.jsonl",
+         "checkpoints.jsonl:1", "'sampler_path'",
+         **{**RUN, "run/checkpoints.jsonl": '{"step": 1, "state_path": "s", "time": 0}\n'}),
+    case("results-wrong-type", "eval compare w.jsonl w.jsonl", "w.jsonl:2", "'correct'",
+         "true or false", **{"w.jsonl": WRONG_TYPE}),
+    case("report-eval-wrong-type", "report run --eval w.jsonl", "'correct'",
+         **RUN, **{"w.jsonl": WRONG_TYPE}),
+    # -- issue 20: silent or misleading --------------------------------------------------
+    case("run-dir-empty", 'train --run-dir ""', "--run-dir", "empty value"),
+    case("init-from-empty", 'train --init-from ""', "--init-from", "empty value"),
+    case("eval-model-empty", 'eval --model "" --dataset demo --output o.jsonl', "--model",
+         "empty value"),
+    case("rollout-model-equals-empty", "rollout --model=", "--model", "empty value"),
+    case("sft-run-dir-empty", SFT + ' --run-dir ""', "--run-dir", "empty value",
+         **{"demos.jsonl": DEMO_CONVERSATION + "\n"}),
+    case("report-empty-positional", 'report ""', "empty"),
+    case("path-with-newline", "rollout --dataset 'a\nb\x1b[2J.jsonl'", "a\\nb\\x1b[2J.jsonl",
+         "no such file"),
 ]  # fmt: skip
 
 # Commands owned by other sessions: cases that fail until they catch up (see the module doc).
@@ -374,7 +433,9 @@ def _prepare(root: Path, item: Case) -> tuple[Path, Path]:
     for name, content in item.files.items():
         path = work / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if content is DIR:
+        if isinstance(content, Link):
+            path.symlink_to(content.target)
+        elif content is DIR:
             path.mkdir(exist_ok=True)
         elif isinstance(content, bytes):
             path.write_bytes(content)
@@ -388,6 +449,7 @@ def _run(root: Path, item: Case) -> str | None:
     work, tmp = _prepare(root, item)
     before = _snapshot(work)
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONWARNINGS": "ignore", "COLUMNS": "100"}
+    env.update({k: str(work / v[1:]) if v.startswith("@") else v for k, v in item.env})
     try:
         done = subprocess.run(
             [*RETOOL, *shlex.split(item.argv)],

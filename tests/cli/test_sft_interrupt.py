@@ -34,7 +34,7 @@ lora_rank = 4
 
 [train]
 steps = 2
-questions_per_batch = 4
+questions_per_batch = 2
 save_every = 0
 """
 

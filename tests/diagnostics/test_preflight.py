@@ -147,3 +147,7 @@ def test_console_script_on_tiny_random_from_a_checkpoint(tmp_path):
     per_step = next(line for line in lines if line.startswith("per step (proj.)"))
     assert "EUR" in per_step and "prefill" in per_step
     assert any(line.startswith("per run  (proj.)") and "(10 steps)" in line for line in lines)
+    # The chosen numerics and their measured mismatch (fp32 here: within the 1e-4 contract).
+    numerics = next(line for line in lines if line.startswith("numerics"))
+    kl = float(numerics.split("sampler_kl ")[1].split()[0])
+    assert "sampler float32" in numerics and abs(kl) < 1e-4, numerics

@@ -20,7 +20,16 @@ from retool.report.viewer import (
 from retool.training.run_dir import read_rollouts
 from tests.report.conftest import EVIL, EVIL_QUESTION
 
-RUN_PLOTS = ("reward", "tool_use", "tokens", "stop_reasons", "sandbox", "optimization", "timing")
+RUN_PLOTS = (
+    "reward",
+    "tool_use",
+    "tokens",
+    "stop_reasons",
+    "sandbox",
+    "optimization",
+    "numerics",
+    "timing",
+)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

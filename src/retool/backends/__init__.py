@@ -17,19 +17,24 @@ if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: typ
     from retool.config import ModelConfig
 
 
-def service_client(model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints") -> Any:
+def service_client(
+    model: ModelConfig,
+    checkpoint_root: str | Path = "runs/checkpoints",
+    **local_options: Any,
+) -> Any:
     """A service client for ``model.backend``: local, or a PyTRIO / Tinker adapter.
 
     The remote adapters check their credential here, before any request, and
     keep pointer directories for their checkpoints under ``checkpoint_root``
-    (see :mod:`retool.backends.remote`).
+    (see :mod:`retool.backends.remote`). ``local_options`` (``workload``,
+    ``numerics``: :mod:`retool.backends.local.dtype`) go to the local backend only.
     """
     if model.backend == "local":
         # here, not at the top: retool.backends.local imports torch (seconds to load)
         from retool.backends.local import LocalServiceClient
 
         return LocalServiceClient(
-            device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root
+            device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root, **local_options
         )
     if model.backend == "pytrio":
         return PytrioServiceClient(model, checkpoint_root=checkpoint_root)

@@ -156,6 +156,7 @@ class PytrioSamplingClient(RemoteSamplingClient):
 
 class PytrioTrainingClient(RemoteTrainingClient):
     backend = BACKEND
+    loss_metric = "loss_sum"
     sampling_client_class = PytrioSamplingClient
 
     @property
@@ -178,16 +179,15 @@ class PytrioTrainingClient(RemoteTrainingClient):
 
     def _forward_output(
         self, output: Any, count: int
-    ) -> tuple[list[dict[str, TensorData]], float, dict[str, float]]:
+    ) -> tuple[list[dict[str, TensorData]], float | None, dict[str, float]]:
         outputs = [{k: our_tensor(v) for k, v in o.items()} for o in output.loss_fn_outputs]
         if len(outputs) != count:
             raise BackendError(f"pytrio returned {len(outputs)} outputs for {count} datums")
         metrics = dict(output.metrics)
-        if "loss_sum" not in metrics:
-            raise BackendError(f"pytrio returned no loss_sum (metrics: {sorted(metrics)})")
+        # None: no loss_sum (a service under another name): the caller recomputes it
         return (
             outputs,
-            float(metrics["loss_sum"]),
+            float(metrics["loss_sum"]) if "loss_sum" in metrics else None,
             {"service_tokens": float(metrics.get("token_count", 0.0))},
         )
 

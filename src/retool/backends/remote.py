@@ -56,6 +56,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -327,6 +328,70 @@ def ratio_metrics(
         low, high = float(config[CLIP_KEYS[0]]), float(config[CLIP_KEYS[1]])
         metrics["clip_fraction"] = float(((ratio < low) | (ratio > high)).sum()) / max(n, 1)
     return metrics
+
+
+_SAID: set[str] = set()  # backends already told about a missing loss (said once per process)
+
+
+def loss_from_outputs(
+    data: Sequence[Datum],
+    loss_fn: str,
+    outputs: Sequence[dict[str, TensorData]],
+    config: Mapping[str, float] | None,
+) -> float | None:
+    """The summed loss recomputed from the per-token ``logprobs`` the service returned.
+
+    For a service that reports no loss metric (or one under another name):
+    the same sums the local backend takes, over our own (unscaled) weights
+    and advantages. ``None`` where the SDK returned no logprobs or the loss
+    is not one this formula covers.
+    """
+    if not outputs or not all("logprobs" in o for o in outputs):
+        return None
+    total = 0.0
+    for datum, output in zip(data, outputs, strict=True):
+        new = np.asarray(output["logprobs"].to_numpy(), dtype=np.float64).reshape(-1)
+        if loss_fn == "cross_entropy":
+            total += float(-(new * _array(datum, "weights").astype(np.float64)).sum())
+            continue
+        advantages = _array(datum, "advantages").astype(np.float64)
+        ratio = np.exp(new - _array(datum, "logprobs").astype(np.float64))
+        if loss_fn == "importance_sampling":
+            total += float(-(ratio * advantages).sum())
+        elif loss_fn == "ppo" and config and all(k in config for k in CLIP_KEYS):
+            low, high = float(config[CLIP_KEYS[0]]), float(config[CLIP_KEYS[1]])
+            clipped = np.clip(ratio, low, high) * advantages
+            total += float(-np.minimum(ratio * advantages, clipped).sum())
+        else:
+            return None
+    return total
+
+
+def fallback_loss(
+    backend: str,
+    data: Sequence[Datum],
+    loss_fn: str,
+    outputs: Sequence[dict[str, TensorData]],
+    config: Mapping[str, float] | None,
+    metrics: Sequence[str],
+    expected: str,
+) -> float:
+    """The loss when the service's metrics lack ``expected``: recomputed (said once), or an
+    error naming what it did report."""
+    loss = loss_from_outputs(data, loss_fn, outputs, config)
+    if loss is None:
+        raise BackendError(
+            f"{backend} returned no {expected} (metrics: {sorted(metrics)}) and no per-token "
+            "logprobs to compute it from; check that the service speaks this SDK version"
+        )
+    if backend not in _SAID:
+        _SAID.add(backend)
+        print(
+            f"retool: note: {backend} reported no {expected} (metrics: {sorted(metrics)}); "
+            "computing the loss from its per-token logprobs",
+            file=sys.stderr,
+        )
+    return loss
 
 
 def trainer_metrics(
@@ -601,6 +666,7 @@ class RemoteTrainingClient(abc.ABC):
     """Trainable LoRA weights and optimizer state held by the service."""
 
     backend = "remote"
+    loss_metric = "loss:sum"  # the service's name for one call's summed loss
     sampling_client_class: type[RemoteSamplingClient]
 
     def __init__(
@@ -657,9 +723,16 @@ class RemoteTrainingClient(abc.ABC):
 
         def convert(output: Any) -> ForwardBackwardOutput:
             outputs, loss_sum, service_metrics = self._forward_output(output, len(data))
+            if loss_sum is None:  # no loss metric: recomputed, already in our (unscaled) terms
+                names = [*service_metrics, *getattr(output, "metrics", {})]
+                ours = fallback_loss(
+                    self.backend, data, loss_fn, outputs, config, names, self.loss_metric
+                )
+            else:
+                ours = loss_sum / scale
             return ForwardBackwardOutput(
                 tuple(outputs),
-                trainer_metrics(data, loss_fn, loss_sum / scale, outputs, config, service_metrics),
+                trainer_metrics(data, loss_fn, ours, outputs, config, service_metrics),
             )
 
         return submit(
@@ -776,8 +849,9 @@ class RemoteTrainingClient(abc.ABC):
     @abc.abstractmethod
     def _forward_output(
         self, output: Any, count: int
-    ) -> tuple[list[dict[str, TensorData]], float, dict[str, float]]:
-        """Per-datum outputs, the service's summed loss, and its other metrics (ours' names)."""
+    ) -> tuple[list[dict[str, TensorData]], float | None, dict[str, float]]:
+        """Per-datum outputs, the service's summed loss (None: not reported, recomputed from
+        the outputs), and its other metrics (ours' names)."""
 
     @abc.abstractmethod
     def _sdk_optim(self, params: AdamParams) -> Any: ...

@@ -169,14 +169,13 @@ class TinkerTrainingClient(RemoteTrainingClient):
 
     def _forward_output(
         self, output: Any, count: int
-    ) -> tuple[list[dict[str, TensorData]], float, dict[str, float]]:
+    ) -> tuple[list[dict[str, TensorData]], float | None, dict[str, float]]:
         outputs = [{k: our_tensor(v) for k, v in o.items()} for o in output.loss_fn_outputs]
         if len(outputs) != count:
             raise BackendError(f"tinker returned {len(outputs)} outputs for {count} datums")
         metrics = our_metrics(output.metrics)
-        if "loss:sum" not in metrics:
-            raise BackendError(f"tinker returned no loss:sum (metrics: {sorted(metrics)})")
-        return outputs, metrics.pop("loss:sum"), metrics
+        # None: no loss:sum (a service under another name): the caller recomputes it
+        return outputs, metrics.pop("loss:sum", None), metrics
 
     def _sdk_optim(self, params: AdamParams) -> Any:
         return self.sdk.optim_step(

@@ -26,7 +26,19 @@ import sys
 from collections.abc import Sequence
 
 from retool import __version__
-from retool.cli import demo, doctor, preflight, prepare_data, report, rollout, sandbox, sft, train
+from retool.cli import (
+    demo,
+    doctor,
+    guards,
+    preflight,
+    prepare_data,
+    report,
+    rollout,
+    sandbox,
+    sft,
+    streams,
+    train,
+)
 from retool.cli import eval as eval_command
 from retool.cli.common import Parser
 from retool.errors import RetoolError
@@ -61,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    streams.harden_streams()
     parser = build_parser()
+    argv = guards.expand_home(sys.argv[1:] if argv is None else argv)
+    empty = guards.empty_argument(argv)
+    if empty:
+        print(f"retool: error: {empty}", file=sys.stderr)
+        return 2
     quiet_leftover_interrupts()
     with stop_on_signals():
         try:
@@ -74,9 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         try:
-            return int(args.handler(args) or 0)
+            status = int(args.handler(args) or 0)
+            broken = streams.flush_stdout()
+            if broken:
+                print(f"retool: error: {broken}", file=sys.stderr)
+                return 2
+            return status
         except RetoolError as exc:
-            print(f"retool: error: {exc}", file=sys.stderr)
+            print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP; training's Interrupted too
             return exit_status(exc)
@@ -86,10 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 141
         except OSError as exc:
             if not exc.filename:
-                raise  # not about a path: a bug, keep the traceback
+                unnamed = streams.unnamed_failure(exc)  # stdout or a full disk
+                if unnamed is None:
+                    raise  # not about a path: a bug, keep the traceback
+                print(f"retool: error: {unnamed}", file=sys.stderr)
+                return 2
             # last resort: a path the command did not check itself (each should)
             names = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
-            print(f"retool: error: {names}: {exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"retool: error: {streams.one_line(names)}: {exc.strerror or exc}", file=sys.stderr
+            )
             return 2
 
 

@@ -241,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {i}. {phase.name:<11} {phase.what}")
     clock = Clock(phases)
     root = Path(args.output) / time.strftime("demo-%Y%m%d-%H%M%S")
-    print(f"about {_minutes(clock.left_s())} on a 2-core laptop CPU; everything goes to {root}")
+    where = "nothing is written" if args.check_only else f"everything goes to {root}"
+    print(f"about {_minutes(clock.left_s())} on a 2-core laptop CPU; {where}")
 
     clock.begin(0)
     started = time.monotonic()

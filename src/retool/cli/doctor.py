@@ -14,12 +14,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="check that this machine can run a config",
         description="Print Python, torch and device, where the model resolves, the sandbox "
         "isolation level, installed extras, credentials for the remote backends (never their "
-        "values) and free disk for the run directory. Exit status 1 when the selected config "
+        "values), whether the run directory would be accepted (an existing run needs --resume) "
+        "and its free disk. Exit status 1 when the selected config "
         "cannot run here, with the reasons.",
     )
     add_config_options(parser)
+    parser.add_argument("--run-dir", help="the run directory to check (default: train.run_dir)")
     parser.add_argument(
-        "--run-dir", help="the run directory to check free disk for (default: train.run_dir)"
+        "--resume",
+        action="store_true",
+        help="check the run directory as `--resume` would (default: as a new run)",
     )
     parser.add_argument(
         "--no-sandbox", action="store_true", help="skip starting the sandbox to read its isolation"
@@ -29,7 +33,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = diagnose(
-        args.config, args.overrides, run_dir=args.run_dir, sandbox=not args.no_sandbox
+        args.config,
+        args.overrides,
+        run_dir=args.run_dir,
+        sandbox=not args.no_sandbox,
+        resume=args.resume,
     )
     print(report.table())
     return 0 if report.ok else 1

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -299,12 +300,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     step = f" (step {model.step})" if model.step is not None else ""
     print(f"{args.model}{step} on {args.dataset}, {mode} mode: {len(examples)} problems")
     print(format_summary(summary))

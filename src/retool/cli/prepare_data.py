@@ -32,11 +32,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     dapo = kinds.add_parser(
         "dapo-math",
         help="DAPO-Math-17k Parquet -> train.jsonl + dev.jsonl",
-        description="Read the DAPO-Math-17k Parquet layout (prompt[0].content, "
-        "reward_model.ground_truth, extra_info.index), strip the 'Answer:' wrapper, "
-        "drop exact repeats and split off a dev set.",
+        description="Read the DAPO-Math-17k Parquet file (the Hugging Face dataset "
+        "BytedTsinghua-SIA/DAPO-Math-17k, file data/dapo-math-17k.parquet; download it "
+        "yourself, retool never downloads at run time). Columns used: prompt (a list of "
+        "chat messages; prompt[0].content is the question), reward_model.ground_truth (the "
+        "answer) and extra_info.index (the id); other columns are ignored. Strips the "
+        "'Answer:' wrapper, drops exact repeats and splits off a dev set.",
     )
-    dapo.add_argument("--input", required=True, type=Path, help="the raw .parquet file")
+    dapo.add_argument(
+        "--input",
+        required=True,
+        type=Path,
+        help="the DAPO-Math-17k .parquet file (columns prompt, reward_model, extra_info)",
+    )
     dapo.add_argument("--output-dir", required=True, type=Path, help="where to write the splits")
     add_number(dapo, "--dev-size", low=0, high=10**7, default=50, help="questions held out")
     add_number(dapo, "--seed", low=0, high=2**32 - 1, default=42, help="seed of the dev split")

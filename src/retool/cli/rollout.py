@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from retool.backends import open_sampling_client, service_client
+from retool.backends.cleanup import close_all
 from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
@@ -210,12 +211,7 @@ def run(args: argparse.Namespace) -> int:
             checker=None if scorer else default_checker(workers=config.reward.workers),
         )
     finally:
-        if bar is not None:
-            bar.close()
-        if sampler is not None:
-            sampler.close()
-        if sandbox is not None:
-            sandbox.close()
+        close_all(bar, sampler, sandbox)  # no close or a failing one: never the error shown
     print(f"{model} on {args.dataset}: {len(examples)} questions x {config.rollout.group_size}")
     print(format_table(result))
     print()

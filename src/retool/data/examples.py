@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.data.files import as_path, decode_utf8, reason
+from retool.data.longints import json_loads
 from retool.errors import DataError
 
 
@@ -42,6 +43,18 @@ class MathExample:
         return asdict(self)
 
 
+def _refuse_surrogates(value: str, where: str, key: str) -> None:
+    """A lone ``\\ud800``-style escape is valid JSON but no text: no tokenizer can encode it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(
+            f"{where}: field {key!r} holds a lone surrogate escape "
+            f"(\\u{ord(value[exc.start]):04x} at character {exc.start + 1}), which is not text; "
+            "fix or drop that line"
+        ) from None
+
+
 def _example_from_record(record: Any, where: str) -> MathExample:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -56,6 +69,7 @@ def _example_from_record(record: Any, where: str) -> MathExample:
             raise DataError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
         if not value.strip():
             raise DataError(f"{where}: field {key!r} is empty")
+        _refuse_surrogates(value, where, key)
         fields[key] = value
     raw_id = record.get("id")
     if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
@@ -101,7 +115,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield where, json.loads(line)
+                yield where, json_loads(line, big_int_as_text=True)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
 

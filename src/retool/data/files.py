@@ -25,6 +25,7 @@ directory the command created, so the previous state is untouched.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -63,6 +64,45 @@ def _named(path: Path | str, flag: str | None) -> str:
 def reason(exc: OSError) -> str:
     """The operating system's words for ``exc`` ("Permission denied"), without the errno."""
     return exc.strerror or type(exc).__name__
+
+
+def _space_hint(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return "; free disk space (or choose another location)"
+    return ""
+
+
+def write_failure(
+    path: str | os.PathLike[str], what: str, exc: BaseException, then: str = ""
+) -> str:
+    """The one line for a write of ``what`` at ``path`` that failed with ``exc``.
+
+    ``exc`` is an ``OSError`` (``ENOSPC`` on a file already open carries no
+    file name, so the caller names it) or a serializer's own error wrapping
+    one (safetensors' ``SafetensorError``, torch's ``RuntimeError``).
+    """
+    if isinstance(exc, OSError):
+        why, hint = reason(exc), _space_hint(exc)
+    else:
+        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        hint = "; is the disk full? free disk space (or choose another location)"
+    return f"{path}: cannot write the {what} ({why}){hint}{'; ' + then if then else ''}"
+
+
+@contextlib.contextmanager
+def writing(
+    path: str | os.PathLike[str],
+    what: str,
+    *,
+    then: str = "",
+    error: type[RetoolError] = DataError,
+) -> Iterator[None]:
+    """Turn an ``OSError`` inside the block into one ``error`` naming ``path`` (see
+    :func:`write_failure`); ``then`` says what to do once the cause is fixed."""
+    try:
+        yield
+    except OSError as exc:
+        raise error(write_failure(path, what, exc, then)) from None
 
 
 def decode_utf8(
@@ -132,8 +172,19 @@ def read_bytes(
     return data
 
 
-def _pseudo(path: Path) -> str | None:
-    resolved = str(path.resolve())
+def resolve(path: Path, name: str, error: type[RetoolError] = ConfigError) -> Path:
+    """``path.resolve()``, or one ``error``: a symlink loop raises ``RuntimeError`` (3.11) or
+    ``OSError`` (ELOOP) from ``Path.resolve``, neither naming what the user gave."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise error(f"{name}: a symlink loop; point it at a real file or directory") from None
+    except OSError as exc:
+        raise error(f"{name}: cannot resolve it ({reason(exc)})") from None
+
+
+def _pseudo(path: Path, name: str = "", error: type[RetoolError] = ConfigError) -> str | None:
+    resolved = str(resolve(path, name or str(path), error))
     return next((r for r in PSEUDO_ROOTS if resolved == r or resolved.startswith(r + "/")), None)
 
 
@@ -165,7 +216,7 @@ def check_output_file(
     """
     path = Path(path)
     name = _named(path, flag)
-    root = _pseudo(path)
+    root = _pseudo(path, name, error)
     if root:
         raise error(f"{name}: under {root}, a kernel file system; write to a real file")
     if path.is_dir():
@@ -188,7 +239,7 @@ def check_output_dir(
     """Refuse a directory destination that cannot be created or written, before any work."""
     path = Path(path)
     name = _named(path, flag)
-    root = _pseudo(path)
+    root = _pseudo(path, name, error)
     if root:
         raise error(f"{name}: under {root}, a kernel file system; write to a real directory")
     if path.exists() and not path.is_dir():

@@ -145,6 +145,55 @@ def check_model(base_model: str, backend: str) -> Check:
     return Check("model", "ok", f"{base_model} -> {where}{kind}")
 
 
+def model_shapes(base_model: str) -> Any:
+    """The model's projection shapes from its config alone (no weights), or None."""
+    from retool.backends.local.dtype import ModelShapes
+    from retool.backends.local.models import cache_dir, file_digest, resolve_model
+
+    source = resolve_model(base_model)
+    if source.random_init:
+        from retool.backends.local.models import tiny_random_config
+
+        return ModelShapes.from_config(tiny_random_config(49152))
+    if source.gguf_file is None:
+        path = source.path / "config.json"
+    else:  # the converted copy the backend caches (see models.load_model)
+        digest = file_digest(source.path / source.gguf_file)
+        path = cache_dir() / "models" / f"{Path(source.gguf_file).stem}-{digest}" / "config.json"
+    try:
+        return ModelShapes.from_config(_Namespace(json.loads(path.read_text())))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class _Namespace:
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def check_numerics(config: Any, run_dir: str | None) -> Check:
+    """What ``model.dtype`` means per role here: a run's record, else measured now."""
+    model = config.model
+    if model.backend != "local":
+        return Check("numerics", "info", f"chosen by the {model.backend} service")
+    if importlib.util.find_spec("torch") is None:
+        return Check("numerics", "info", "torch is not installed")
+    from retool.backends.local.dtype import Workload, resolve_numerics
+    from retool.training.numerics import read_numerics
+
+    recorded = read_numerics(Path(run_dir)) if run_dir else None
+    if recorded is not None:
+        return Check("numerics", "ok", f"recorded in {run_dir}: {recorded.summary()}")
+    try:
+        shapes = model_shapes(model.base_model) if model.dtype == "auto" else None
+    except RetoolError as exc:
+        return Check("numerics", "info", f"not measured: {exc}")
+    if model.dtype == "auto" and shapes is None:
+        return Check("numerics", "info", "auto: measured when the model first loads")
+    numerics = resolve_numerics(model.dtype, shapes, Workload.from_config(config))
+    return Check("numerics", "ok", numerics.summary())
+
+
 def check_data(spec: str, name: str) -> Check:
     try:
         examples = load_dataset(spec)
@@ -290,6 +339,30 @@ def check_credentials(backend: str) -> list[Check]:
     return out
 
 
+def check_run_dir(run_dir: str, resume: bool = False) -> Check:
+    """Whether ``retool train``/``sft`` would accept this run directory (with ``resume``)."""
+    from retool.data.files import check_output_dir
+
+    path = Path(run_dir).expanduser()
+    try:
+        check_output_dir(path, flag="run directory")
+    except RetoolError as exc:
+        return Check("run directory", "fail", str(exc))
+    holds_run = path.is_dir() and any(
+        (path / name).exists() for name in ("config.toml", "metrics.jsonl", "checkpoints.jsonl")
+    )
+    if holds_run and not resume:
+        return Check(
+            "run directory",
+            "fail",
+            f"{path} already holds a run: `retool train --resume` continues it (doctor "
+            "--resume checks that), or choose another --run-dir",
+        )
+    if resume and not holds_run:
+        return Check("run directory", "fail", f"{path}: nothing to resume (no run there)")
+    return Check("run directory", "ok", f"{path} ({'resume' if resume else 'new run'})")
+
+
 def check_disk(run_dir: str) -> Check:
     """Free space where the run directory is (or would be created)."""
     path = Path(run_dir).expanduser().absolute()
@@ -312,6 +385,7 @@ def diagnose(
     *,
     run_dir: str | None = None,
     sandbox: bool = True,
+    resume: bool = False,
 ) -> DoctorReport:
     """Check this machine against the config (defaults without ``config_path``).
 
@@ -331,10 +405,20 @@ def diagnose(
     checks += check_torch(backend)
     checks.append(check_device(config.model.device, backend))
     checks.append(check_model(config.model.base_model, backend))
+    try:
+        checks.append(check_numerics(config, run_dir or config.train.run_dir))
+    except RetoolError as exc:
+        checks.append(Check("numerics", "fail", str(exc)))
     checks.append(check_extras(backend))
     checks += check_credentials(backend)
     checks.append(check_data(config.data.train, "data.train"))
+    if config.train.eval_every > 0:  # the periodic evaluation reads this split at step 1
+        name = "train.eval_dataset" if config.train.eval_dataset else "data.dev"
+        checks.append(check_data(config.train.eval_dataset or config.data.dev, name))
     if sandbox:
         checks.append(check_sandbox(config.sandbox))
-    checks.append(check_disk(run_dir or config.train.run_dir))
+    chosen = run_dir or config.train.run_dir
+    checks.append(check_run_dir(chosen, resume))
+    if checks[-1].status != "fail":
+        checks.append(check_disk(chosen))
     return DoctorReport(tuple(checks))

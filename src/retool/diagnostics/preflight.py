@@ -43,7 +43,8 @@ from retool.reward import default_checker, load_reward_function
 from retool.rollout import RolloutResult, StopReason, rollout_batch
 from retool.sandbox import open_sandbox
 from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
-from retool.training.datum import build_training_datums
+from retool.training.datum import build_datum, build_training_datums, datum_loss_tokens
+from retool.training.numerics import check_supported, service_options
 from retool.training.run_dir import resolve_checkpoint
 
 BUDGET_STOPS = (
@@ -93,6 +94,7 @@ class PreflightReport:
     affordable_steps: int | None  # steps cost.max_* allows (None without a limit)
     warnings: list[str] = field(default_factory=list)  # things worth fixing, not blocking
     verdict: str = ""  # GO: ... | NO-GO: ... | SFT recommended: ...
+    numerics: str = ""  # the sampler/trainer numerics and their measured mismatch, if known
 
     @property
     def go(self) -> bool:
@@ -133,6 +135,8 @@ class PreflightReport:
             n_steps = self.affordable_steps
             plural = "s" if n_steps != 1 else ""
             out.append(f"budget            cost.max_* allow about {n_steps} step{plural}")
+        if self.numerics:
+            out.append(f"numerics          {self.numerics}")
         out += [f"warning: {w}" for w in self.warnings]
         out.append(self.verdict)
         return out
@@ -323,6 +327,7 @@ def run_preflight(
     progress: Any = None,
 ) -> PreflightReport:
     """Roll out ``questions`` x ``group_size`` (default ``rollout.group_size``) and assess."""
+    check_supported(config)
     if questions < 1:
         raise ConfigError(f"--questions must be >= 1, got {questions}")
     rollout_config = config.rollout
@@ -337,7 +342,7 @@ def run_preflight(
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     checker = None if scorer else default_checker(workers=config.reward.workers)
     with tempfile.TemporaryDirectory(prefix="retool-preflight-") as scratch:
-        service = service_client(config.model, checkpoint_root=scratch)
+        service = service_client(config.model, checkpoint_root=scratch, **service_options(config))
         sampler, model = open_policy(service, config, init_from)
         sandbox = None
         try:
@@ -361,6 +366,52 @@ def run_preflight(
             close = getattr(sampler, "close", None)
             if close is not None:
                 close()
+        numerics = measure_mismatch(service, config, init_from, result.trajectories)
     datums = build_training_datums(result.trajectories, config.train.max_train_tokens)
     trained = trained_tokens(datums)
-    return assess(result, config, trained=trained, model=model)
+    return replace(assess(result, config, trained=trained, model=model), numerics=numerics)
+
+
+def measure_mismatch(
+    service: Any, config: RunConfig, init_from: str | None, trajectories: Any
+) -> str:
+    """The chosen numerics and ``sampler_kl`` of the sample, from one trainer forward.
+
+    Local backend only: the trainer step 1 would train (a new LoRA adapter is
+    the base model; ``--init-from`` its weights) scores every sampled token.
+    A remote service's forward would be a paid training client: the run
+    records the mismatch instead (``train/sampler_kl``).
+    """
+    if config.model.backend != "local":
+        return f"chosen by {config.model.backend}; the run logs train/sampler_kl per step"
+    if init_from:
+        trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
+    elif config.model.lora_rank > 0:
+        trainer = service.create_lora_training_client(
+            config.model.base_model, rank=config.model.lora_rank, seed=config.train.seed
+        )
+    else:
+        trainer = service.create_training_client(config.model.base_model, seed=config.train.seed)
+    datums = []
+    for index, trajectory in enumerate(trajectories):  # every sampled one, advantage or not
+        if trajectory.excluded or not any(t.completion_tokens for t in trajectory.turns):
+            continue
+        item = build_datum(replace(trajectory, advantage=1.0), config.train.max_train_tokens, index)
+        if datum_loss_tokens(item.datum):
+            datums.append(item.datum)
+    summary = service.numerics.summary() if service.numerics is not None else "?"
+    if not datums:
+        return f"{summary}; no sampled tokens to measure the mismatch on"
+    total = clipped = tokens = 0.0
+    train = config.train
+    clip = {"clip_low_threshold": train.clip_low, "clip_high_threshold": train.clip_high}
+    for start in range(0, len(datums), train.micro_batch_items):
+        out = trainer.forward(datums[start : start + train.micro_batch_items], "ppo", clip).result()
+        n = out.metrics["loss_tokens"]
+        total += out.metrics["sampler_kl"] * n
+        clipped += out.metrics["sampler_clip_fraction"] * n
+        tokens += n
+    return (
+        f"{summary}; sampler_kl {total / tokens:+.2e} over {int(tokens)} sampled tokens, "
+        f"{clipped / tokens:.1%} of them outside the clip range"
+    )

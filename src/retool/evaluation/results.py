@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.data.files import as_path, decode_utf8, read_bytes
+from retool.data.longints import json_loads
 from retool.errors import DataError
 
 FORMAT = "retool-eval/1"
@@ -125,7 +126,7 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError:
             if i == last and not text.endswith("\n"):
                 break  # killed mid-write
@@ -136,6 +137,24 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
             raise DataError(f"{path}:{i + 1}: expected a JSON object")
         out.append((i + 1, record))
     return out
+
+
+def check_row_types(record: Mapping[str, Any], where: str) -> None:
+    """A sample row's fields of the types evaluation writes; a ``"correct": "false"`` (a
+    string, truthy) would otherwise count as correct."""
+    checks = (
+        ("correct", bool, "true or false"),
+        ("sample_index", int, "an integer"),
+        ("problem_id", (str, int), "a string"),
+    )
+    for key, kind, words in checks:
+        value = record.get(key)
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong:
+            raise DataError(
+                f"{where}: field {key!r} must be {words}, got {value!r:.40}; the results file "
+                "is damaged (rerun the evaluation into a new --output)"
+            )
 
 
 def load_results(path: str | os.PathLike[str]) -> EvalResults:
@@ -159,6 +178,7 @@ def load_results(path: str | os.PathLike[str]) -> EvalResults:
             raise DataError(
                 f"{path}:{number}: not a sample row (needs problem_id, sample_index, correct)"
             )
+        check_row_types(record, f"{path}:{number}")
         rows.append(record)
     return EvalResults(path, settings, tuple(rows), summary)
 

@@ -21,6 +21,7 @@ anything is sampled or written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -34,6 +35,7 @@ from typing import Any
 from retool.checks import check_number
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
+from retool.data.files import writing
 from retool.errors import ConfigError, DataError
 from retool.evaluation.results import (
     complete_problems,
@@ -167,6 +169,9 @@ def _placeholders(example: MathExample, slot: int, n: int) -> list[Trajectory]:
     ]
 
 
+_RERUN = "rows written so far are kept: rerun the same command to continue"
+
+
 class _Journal:
     """Appends one row per ended trajectory, flushed at once."""
 
@@ -186,8 +191,9 @@ class _Journal:
         row = sample_row(
             trajectory, trajectory.question_index, self.session, time.monotonic() - self.started
         )
-        self.handle.write(row_line(row))
-        self.handle.flush()
+        with writing(self.path, "results row", then=_RERUN):
+            self.handle.write(row_line(row))
+            self.handle.flush()
         self.written.add(key)
         self.rows.append(row)
 
@@ -198,7 +204,10 @@ class _Journal:
             self.forward(event)
 
     def close(self) -> None:
-        self.handle.close()
+        # After a failed write (a full disk) the buffer still holds that row: closing
+        # retries it and would replace the error being reported with a bare OSError.
+        with contextlib.suppress(OSError):
+            self.handle.close()
 
 
 @dataclass
@@ -235,7 +244,8 @@ def _prepare(
         if 0 <= slot < len(examples)
     }
     output.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(output, [header_line(full), *(row_line(r) for r in resume.rows)])
+    with writing(output, "results file", then="nothing was written"):
+        write_atomic(output, [header_line(full), *(row_line(r) for r in resume.rows)])
     return _Prepared(config, full, resume, reuse, len(examples) - len(reuse))
 
 
@@ -246,12 +256,13 @@ def _finish(
         for trajectory in result.trajectories:
             if trajectory.question_index not in prepared.reuse:
                 journal.add(trajectory)
-    journal.handle.flush()
     rows = [*prepared.resume.rows, *journal.rows]
     summary = summarize(rows, prepared.config.group_size)
-    journal.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
-    journal.handle.flush()
-    os.fsync(journal.handle.fileno())
+    with writing(output, "results summary", then=_RERUN):
+        journal.handle.flush()
+        journal.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
+        journal.handle.flush()
+        os.fsync(journal.handle.fileno())
     return summary
 
 

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from retool.data.files import read_bytes
-from retool.errors import RetoolError
+from retool.data.longints import json_loads
+from retool.errors import DataError, RetoolError
+from retool.evaluation.results import check_row_types
 from retool.evaluation.summary import summarize
 from retool.training.run_dir import RunDirectory
 
@@ -185,7 +187,7 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError:
             if number == len(lines) and (settings is not None or rows):
                 break  # a torn last line: the evaluation was killed mid-write
@@ -197,6 +199,10 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
         elif isinstance(record.get("summary"), dict):
             summary = record["summary"]
         elif "correct" in record:
+            try:
+                check_row_types(record, f"line {number}")
+            except DataError as exc:
+                raise _not_eval(file, str(exc)) from None
             rows.append(record)
     if settings is None and summary is None:
         raise _not_eval(file, "no settings or summary line")

@@ -118,6 +118,21 @@ PLOTS: tuple[PlotSpec, ...] = (
             Panel("gradient norm (before clipping)", (("optim/grad_norm", "grad norm"),)),
         ),
     ),
+    PlotSpec(  # training/numerics.py: sampler/trainer mismatch and rollout correction
+        "numerics",
+        "Sampler/trainer mismatch",
+        (
+            Panel("sampler_kl (log pi_sampler - log pi_trainer)", (("train/sampler_kl", "kl"),)),
+            Panel(
+                "share of loss tokens",
+                (
+                    ("train/sampler_clip_fraction", "ratio outside the clip range"),
+                    ("train/correction_fraction", "truncated / masked by the correction"),
+                ),
+                percent=True,
+            ),
+        ),
+    ),
     PlotSpec(
         "timing",
         "Step time by phase and sampling throughput",

@@ -18,8 +18,9 @@ Points: ``journal`` (mid-rollout), ``state`` (checkpoint state written,
 sampler weights not), ``checkpoint`` (both written, step not committed),
 ``rollouts`` (the step's rollouts file written, its metrics line not),
 ``committed`` (metrics line written, manifest line not), ``optim`` (weights
-updated, step not committed), ``eval`` (a periodic evaluation, after the
-``count``-th sample).
+updated, step not committed), ``eval`` (a periodic evaluation, before its
+results file is first written: on tmpfs a row appended into a page the file
+already has needs no new space, so filling mid-evaluation would not fail it).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.data import load_dataset, take_batch
 from retool.reward import default_checker, load_reward_function
@@ -48,6 +49,7 @@ from retool.training.aggregation import scale_advantages
 from retool.training.cost import step_tokens
 from retool.training.datum import build_training_datums
 from retool.training.faults import crash_point
+from retool.training.numerics import prepare_step
 from retool.training.periodic_eval import PeriodicEval
 from retool.training.provenance import RunInputs, digest_records
 from retool.training.run_dir import RunDirectory
@@ -123,9 +125,7 @@ def train(
                             reuse=reuse,
                         )
                 finally:
-                    close = getattr(sampler, "close", None)
-                    if close is not None:
-                        close()
+                    close_quietly(sampler, "sampler")
                 session.guard.check()
                 # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
                 with phases("datums"):
@@ -137,9 +137,16 @@ def train(
                 metrics = dict(result.metrics())
                 metrics["train/reused_groups"] = float(len(reuse))
                 # 4. forward_backward per micro-batch (gradients accumulate)
-                metrics.update(
-                    session.forward_backward(micro_batches, cfg.loss, loss_config, phases)
+                # old logprobs (sampler or recomputed) and the rollout correction: numerics.py
+                numerics = prepare_step(
+                    trainer, micro_batches, config, session.numerics, loss_config, phases
                 )
+                metrics.update(
+                    session.forward_backward(
+                        numerics.micro_batches, cfg.loss, numerics.loss_config, phases
+                    )
+                )
+                metrics.update(numerics.finish(metrics))
                 tokens = step_tokens(result.trajectories, trained=int(metrics["train/tokens"]))
                 # 5-7. weights and run directory disagree from optim_step to the manifest
                 # line: a signal there waits for the end of the block

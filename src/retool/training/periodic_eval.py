@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.evaluation import evaluate, load_eval_examples, load_results
 from retool.reward import Scorer, default_checker
@@ -48,6 +49,7 @@ class PeriodicEval:
         session, cfg = self.session, self.config.train
         session.display.new_step(f"eval after step {step}")
         session.run.eval_dir.mkdir(exist_ok=True)
+        crash_point("eval", step)  # the disk-full test fills the disk here
         sampler = session.trainer.save_weights_and_get_sampling_client()
         try:
             summary = evaluate(
@@ -63,18 +65,13 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
-                progress=lambda event: (
-                    session.display.advance(event.count),
-                    crash_point("eval", step),
-                ),
+                progress=lambda event: session.display.advance(event.count),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,
                 checker=self.checker,
             )
         finally:
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            close_quietly(sampler, "sampler")
         low, high = summary.average_at_n_ci
         line = (
             f"eval after step {step}: average@{cfg.eval_n} {summary.average_at_n:.3f} "

@@ -63,6 +63,7 @@ from typing import Any
 
 from retool.config import RunConfig, load_config
 from retool.data.examples import MathExample
+from retool.data.longints import json_loads
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
 from retool.training import provenance, run_lock
@@ -88,23 +89,44 @@ class CheckpointRecord:
     time: float  # unix time of the manifest line
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Lines of a JSONL file; a torn (unparsable) last line is dropped."""
+_CHECKPOINT_KEYS = ("step", "state_path", "sampler_path")
+
+
+def _damaged(path: Path, number: int, why: str, fix: str = "") -> RetoolError:
+    fix = fix or "repair or remove that line, or start a new run in another --run-dir"
+    return RetoolError(f"{path}:{number}: {why}; the run directory is damaged: {fix}")
+
+
+def _read_jsonl(path: Path, required: Sequence[str] = (), fix: str = "") -> list[dict[str, Any]]:
+    """Lines of a JSONL file; a torn (unparsable) last line is dropped.
+
+    Any other line that is not UTF-8, not a JSON object or lacks a ``required``
+    key is an error naming ``path:line`` (``fix`` says what to do).
+    """
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json_loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if number == len(lines):
                 break  # killed mid-write
-            raise RetoolError(
-                f"{path}:{number}: not valid JSON; the run directory is damaged"
-            ) from None
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not valid JSON"
+            raise _damaged(path, number, why, fix) from None
+        if not isinstance(record, dict):
+            raise _damaged(path, number, "not a JSON object", fix)
+        missing = [key for key in required if key not in record]
+        if missing:
+            raise _damaged(path, number, f"no {missing[0]!r} field", fix)
+        if "step" in required and (
+            not isinstance(record["step"], int) or isinstance(record["step"], bool)
+        ):
+            raise _damaged(path, number, f"'step' is not an integer ({record['step']!r:.40})", fix)
+        records.append(record)
     return records
 
 
@@ -133,6 +155,17 @@ def repair_tail(path: Path) -> None:
             os.fsync(handle.fileno())
     except FileNotFoundError:
         return
+
+
+def step_of(path: Path) -> int:
+    """The step number of ``step_NNNNNN.*`` under a run directory; another name is an error."""
+    digits = path.name[5:11]
+    if not (path.name.startswith("step_") and digits.isdigit() and path.name[11:12] == "."):
+        raise RetoolError(
+            f"{path}: unexpected file name under {path.parent.name}/ (expected step_NNNNNN.*); "
+            "move it out of the run directory"
+        )
+    return int(digits)
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
@@ -230,8 +263,12 @@ class Journal:
     ) -> dict[int, list[Trajectory]]:
         """Question slots whose whole group is journaled (for the same questions)."""
         by_slot: dict[int, dict[int, Trajectory]] = {}
-        for record in _read_jsonl(self.path):
-            trajectory = Trajectory.from_json(record)
+        fix = f"delete {self.path} (its groups are sampled again)"
+        for number, record in enumerate(_read_jsonl(self.path, fix=fix), 1):
+            try:
+                trajectory = Trajectory.from_json(record)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise _damaged(self.path, number, "not a trajectory record", fix) from None
             slot = trajectory.question_index
             if 0 <= slot < len(batch) and trajectory.example.id == batch[slot].id:
                 by_slot.setdefault(slot, {})[trajectory.group_index] = trajectory
@@ -422,7 +459,7 @@ class RunDirectory:
         """The manifest, with each path resolved against this run directory."""
         fields = {f.name for f in dataclasses.fields(CheckpointRecord)}
         records = []
-        for record in _read_jsonl(self.manifest_path):
+        for record in _read_jsonl(self.manifest_path, _CHECKPOINT_KEYS):
             record = {k: v for k, v in record.items() if k in fields}
             record["state_path"] = self._locate(str(record["state_path"]), "state")
             record["sampler_path"] = self._locate(str(record["sampler_path"]), "sampler")
@@ -447,10 +484,10 @@ class RunDirectory:
 
     # -- steps -----------------------------------------------------------------------
     def completed_steps(self) -> list[int]:
-        return [int(r["step"]) for r in _read_jsonl(self.metrics_path)]
+        return [int(r["step"]) for r in _read_jsonl(self.metrics_path, ("step",))]
 
     def metrics(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.metrics_path)
+        return _read_jsonl(self.metrics_path, ("step",))
 
     def rollouts_path(self, step: int) -> Path:
         return self.rollouts_dir / f"step_{step:06d}.jsonl.gz"
@@ -481,18 +518,20 @@ class RunDirectory:
 
         Keeps the journal of ``step + 1``: it was sampled by the checkpoint's weights.
         """
-        kept = [r for r in _read_jsonl(self.metrics_path) if int(r["step"]) <= step]
+        kept = [r for r in _read_jsonl(self.metrics_path, ("step",)) if int(r["step"]) <= step]
         _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         for path in self.rollouts_dir.glob("step_*.jsonl.gz"):
-            if int(path.name[5:11]) > step:
+            if step_of(path) > step:
                 path.unlink()
         for path in self.journal_dir.glob("step_*.jsonl"):
-            if int(path.name[5:11]) != step + 1:
+            if step_of(path) != step + 1:
                 path.unlink()
         for path in self.eval_dir.glob("step_*.jsonl"):
-            if int(path.name[5:11]) > step:
+            if step_of(path) > step:
                 path.unlink()
-        records = [r for r in _read_jsonl(self.manifest_path) if int(r["step"]) <= step]
+        records = [
+            r for r in _read_jsonl(self.manifest_path, _CHECKPOINT_KEYS) if int(r["step"]) <= step
+        ]
         _write_atomic(self.manifest_path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
     def log(self, line: str) -> None:
@@ -520,7 +559,7 @@ def read_rollouts(path: Path) -> Iterator[dict[str, Any]]:
     """The trajectory records of one ``rollouts/step_*.jsonl.gz`` file."""
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         for line in handle:
-            yield json.loads(line)
+            yield json_loads(line)
 
 
 def resolve_checkpoint(spec: str) -> Path:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from retool.backends import service_client
+from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.errors import ConfigError
 from retool.interrupts import InterruptGuard
@@ -38,6 +38,7 @@ from retool.training.datum import TrainingDatum
 from retool.training.display import Display, step_summary
 from retool.training.faults import crash_point
 from retool.training.metrics import merge_trainer_metrics
+from retool.training.numerics import open_service, record_numerics
 from retool.training.packing import pack_micro_batches, padded_area
 from retool.training.provenance import RunInputs, recorded_init_from
 from retool.training.run_dir import RunDirectory, resolve_checkpoint
@@ -165,12 +166,12 @@ class Session:
         self.sink: Tracker | None = None
         if tracker:
             self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
-        service = self.service = service_client(
-            config.model, checkpoint_root=self.run.checkpoint_root
-        )
+        service = self.service = open_service(config, self.run, resume)  # training/numerics.py
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
+        record_numerics(self.run, service, resume)
+        self.numerics = getattr(service, "numerics", None)  # local backend: per-role dtypes
         limit = getattr(self.trainer, "max_context_tokens", None)
         if isinstance(limit, int) and 0 < limit < cfg.max_train_tokens:
             raise ConfigError(
@@ -226,9 +227,8 @@ class Session:
             self.run.close()
             if self.sink is not None:
                 self.sink.close()
-            close = getattr(self.service, "close", None)
-            if callable(close):  # a remote session ends now, not at process exit
-                close()
+            # a remote session ends now, not at process exit; a failing close only warns
+            close_quietly(self.service, "training service")
 
     def pack(self, datums: Sequence[TrainingDatum]) -> list[list[TrainingDatum]]:
         return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from retool.data.demo import DemoProblem
+from retool.data.longints import json_loads
 from retool.errors import DataError, RetoolError
 from retool.protocol import TOOL_NAME, ParseKind, ToolDialect
 from retool.sandbox import format_tool_content
@@ -259,7 +260,7 @@ def load_conversations(path: str | os.PathLike[str]) -> list[Conversation]:
         if not text.strip():
             continue
         try:
-            record = json.loads(text)
+            record = json_loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         try:

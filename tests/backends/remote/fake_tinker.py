@@ -40,6 +40,7 @@ class FakeTinker:
     base_model: str  # the served model's name (a local tokenizer dir, so get_tokenizer works)
     max_context_length: int = 512
     faults: Faults = field(default_factory=Faults)
+    loss_metric: str | None = "loss:sum"  # a service of another version: another name, or None
     models: dict[str, Model] = field(default_factory=dict)
     samplers: dict[str, str | None] = field(default_factory=dict)  # session id -> model path
     checkpoints: dict[str, tuple[Model, int]] = field(default_factory=dict)
@@ -181,7 +182,11 @@ class FakeTinker:
         message = pb.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord",
             loss_fn_outputs=[record],
-            metrics={"loss:sum": total, "entropy:mean": 0.25, "ignored:hash2": 7.0},
+            metrics={
+                **({self.loss_metric: total} if self.loss_metric else {}),
+                "entropy:mean": 0.25,
+                "ignored:hash2": 7.0,
+            },
         )
         return self.future("proto", message.SerializeToString(), model_id=request.model_id)
 

@@ -19,10 +19,34 @@ Metrics: ``loss:sum``, ``loss_tokens`` (tokens with a non-zero weight or
 advantage), ``clip_fraction`` (share of loss tokens whose ratio fell outside
 the bounds), ``approx_kl`` (mean of ``logp_old - logp`` over loss tokens),
 ``ratio_max``.
+
+**Sampler/trainer mismatch and rollout correction** (RL losses). The sampler's
+logprobs are ``loss_fn_inputs["sampler_logprobs"]`` when the caller recomputed
+π_old with the trainer (``train.old_logprobs = "recompute"``: ``logprobs`` then
+holds the trainer's), else ``logprobs`` itself (π_old is the sampler's). The
+trainer's logprob of a token before this step's update is π_old in the first
+case and the current forward (detached) in the second: every
+``forward_backward`` of a step runs before its one ``optim_step``. With
+``ρ = π_trainer / π_sampler`` per loss token:
+
+* ``sampler_kl``: mean of ``log π_sampler - log π_trainer``; ``sampler_clip_fraction``:
+  share of loss tokens whose ``ρ`` is outside ``[clip_low, clip_high]``;
+* ``rollout_correction = 1`` (TIS, ``loss_fn_config``): each token's loss is
+  weighted so that its importance weight is ``min(ρ, C)``, ``C =
+  rollout_correction_cap``; with sampler logprobs as π_old the PPO ratio
+  already carries ``ρ``, so the token's loss is scaled by ``min(1, C / ρ)``;
+  with recomputed π_old by ``min(ρ, C)``;
+* ``rollout_correction = 2`` (MIS): a datum whose sequence ratio
+  ``exp(sum log ρ)`` over its loss tokens leaves ``[1/C, C]`` gets weight 0, the
+  others are left as π_old makes them (a rejection, not a reweighting);
+* ``correction_fraction``: share of loss tokens truncated (TIS) or masked (MIS).
+
+Weights are detached: they rescale gradients, they have none.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +56,8 @@ from retool.errors import BackendError
 
 LOSS_NAMES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+SAMPLER_LOGPROBS = "sampler_logprobs"  # optional loss input: the sampler's, when π_old is not
+CORRECTIONS = {"none": 0, "tis": 1, "mis": 2}  # loss_fn_config["rollout_correction"] codes
 
 
 class _FrozenHeadLogprobs(torch.autograd.Function):
@@ -89,6 +115,15 @@ def chunked_target_logprobs(
     recomputed in the backward pass (activation checkpointing). Either way at
     most one chunk of float32 logits is alive at a time.
     """
+    # Always float32, also under a bf16 autocast: bf16 logits of size ~20 carry
+    # rounding errors of ~0.06, as large as the mismatch this is meant to measure.
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _target_logprobs_fp32(hidden, head_weight, targets, chunk)
+
+
+def _target_logprobs_fp32(
+    hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor, chunk: int
+) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
 
     if torch.is_grad_enabled() and hidden.requires_grad and not head_weight.requires_grad:
@@ -97,7 +132,7 @@ def chunked_target_logprobs(
         )
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        logits = (h @ head_weight.T).float()
+        logits = h.float() @ head_weight.float().T
         return torch.log_softmax(logits, dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
 
     outputs = []
@@ -124,13 +159,47 @@ def _rl_terms(
     return ratio, active, torch.clamp(ratio, low, high), low, high
 
 
+def correction_weights(
+    log_rho: torch.Tensor,
+    active: torch.Tensor,
+    segments: torch.Tensor | None,
+    mode: int,
+    cap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the importance weight each token should carry, which tokens were truncated/masked).
+
+    ``log_rho`` = ``log π_trainer - log π_sampler`` per token; ``mode`` 1 is TIS
+    (the importance weight ``min(ρ, cap)``), 2 is MIS (a mask: 1 or 0 per segment
+    by its sequence ratio, on top of what π_old gives), 0 is the plain ``ρ``.
+    Inactive tokens are never counted.
+    """
+    rho = torch.exp(log_rho)
+    if mode == 1:
+        cut = (rho > cap) & active
+        return torch.clamp(rho, max=cap), cut
+    if mode == 2:
+        if segments is None:
+            segments = torch.zeros_like(log_rho, dtype=torch.long)
+        count = int(segments.max()) + 1 if segments.numel() else 0
+        seq = torch.zeros(count, dtype=log_rho.dtype, device=log_rho.device)
+        seq.index_add_(0, segments, torch.where(active, log_rho, torch.zeros_like(log_rho)))
+        keep = seq.abs() <= math.log(cap)
+        masked = ~keep[segments] & active
+        return (~masked).to(rho.dtype), masked
+    return rho, torch.zeros_like(active)
+
+
 def compute_loss(
     name: str,
     logprobs: torch.Tensor,
     inputs: Mapping[str, torch.Tensor],
     config: Mapping[str, float] | None = None,
+    segments: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The summed loss and its metrics for flattened per-token tensors."""
+    """The summed loss and its metrics for flattened per-token tensors.
+
+    ``segments`` gives each token's datum index (needed by MIS; one datum if None).
+    """
     config = config or {}
     if name not in LOSS_NAMES:
         raise BackendError(f"unknown loss_fn {name!r}; choose one of {', '.join(LOSS_NAMES)}")
@@ -142,20 +211,43 @@ def compute_loss(
     old = inputs["logprobs"].to(logprobs.dtype)
     advantages = inputs["advantages"].to(logprobs.dtype)
     ratio, active, clipped, low, high = _rl_terms(logprobs, old, advantages, config)
-    losses: dict[str, Callable[[], torch.Tensor]] = {
-        "importance_sampling": lambda: -(ratio * advantages).sum(),
-        "ppo": lambda: -torch.minimum(ratio * advantages, clipped * advantages).sum(),
-        "cispo": lambda: -(clipped.detach() * advantages * logprobs).sum(),
+    recomputed = SAMPLER_LOGPROBS in inputs
+    with torch.no_grad():
+        sampler = inputs[SAMPLER_LOGPROBS].to(logprobs.dtype) if recomputed else old
+        trainer = old if recomputed else logprobs.detach()
+        log_rho = trainer - sampler
+        mode = int(config.get("rollout_correction", 0))
+        cap = float(config.get("rollout_correction_cap", 2.0))
+        if mode not in (0, 1, 2) or not cap > 1:
+            raise BackendError(
+                f"rollout_correction must be 0, 1 or 2 with a cap > 1, got {mode} and {cap}"
+            )
+        weight, corrected = correction_weights(log_rho, active, segments, mode, cap)
+        # The weight a token's loss is scaled by: its wanted importance weight over the
+        # one its ratio already carries (rho with sampler logprobs as pi_old, 1 otherwise).
+        scale = weight if recomputed or mode == 2 else weight / torch.exp(log_rho)
+        scale = torch.where(active, scale, torch.ones_like(scale)) if mode else None
+    per_token: dict[str, Callable[[], torch.Tensor]] = {
+        "importance_sampling": lambda: -(ratio * advantages),
+        "ppo": lambda: -torch.minimum(ratio * advantages, clipped * advantages),
+        "cispo": lambda: -(clipped.detach() * advantages * logprobs),
     }
-    loss = losses[name]()
+    terms = per_token[name]()
+    loss = (terms * scale).sum() if scale is not None else terms.sum()
     n = int(active.sum())
     with torch.no_grad():
         outside = ((ratio < low) | (ratio > high)) & active
+        rho = torch.exp(log_rho)
+        mismatch = ((rho < low) | (rho > high)) & active
         metrics = {
             "loss:sum": float(loss.detach()),
             "loss_tokens": float(n),
             "clip_fraction": float(outside.sum()) / max(n, 1),
             "approx_kl": float(((old - logprobs) * active).sum()) / max(n, 1),
             "ratio_max": float(ratio[active].max()) if n else 1.0,
+            "sampler_kl": float((-log_rho * active).sum()) / max(n, 1),
+            "sampler_clip_fraction": float(mismatch.sum()) / max(n, 1),
         }
+        if mode:
+            metrics["correction_fraction"] = float(corrected.sum()) / max(n, 1)
     return loss, metrics

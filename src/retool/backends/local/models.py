@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.errors import BackendError, DependencyError
+from retool.errors import BackendError, ConfigError, DependencyError
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 TINY_RANDOM_ALIAS = "tiny-random"
@@ -44,10 +44,37 @@ class ModelSource:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("RETOOL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "retool"
+    named = os.environ.get("RETOOL_CACHE_DIR")
+    root = Path(
+        os.path.expanduser(named)
+        if named
+        else os.path.join(
+            os.path.expanduser(os.environ.get("XDG_CACHE_HOME") or "~/.cache"), "retool"
+        )
     )
-    return Path(root)
+    current = root
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    if not current.is_dir():
+        where = "RETOOL_CACHE_DIR" if named else "the cache directory"
+        raise ConfigError(
+            f"{where} {root}: {current} is a file, not a directory; point RETOOL_CACHE_DIR "
+            "at a directory (or unset it for ~/.cache/retool)"
+        )
+    return root
+
+
+def _cached_load(path: Path, load: Any) -> Any:
+    """``load(path)`` of a cache entry; a damaged entry says to delete it (it is rebuilt)."""
+    try:
+        return load(path)
+    except Exception as exc:
+        # transformers and tokenizers raise many types (a Rust "Exception" among them)
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise BackendError(
+            f"{path}: damaged cache entry ({why}); delete that directory, it is rebuilt on "
+            "the next run"
+        ) from None
 
 
 def smollm2_gguf_path() -> Path:
@@ -156,7 +183,7 @@ def load_tokenizer(name: str) -> Any:
         tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
         tok.save_pretrained(tmp)
 
-    return AutoTokenizer.from_pretrained(cached_dir("tokenizers", source, build))
+    return _cached_load(cached_dir("tokenizers", source, build), AutoTokenizer.from_pretrained)
 
 
 def tiny_random_config(vocab_size: int) -> Any:
@@ -210,4 +237,7 @@ def load_model(name: str, dtype: Any = None, seed: int = 0) -> Any:
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)
 
-    return AutoModelForCausalLM.from_pretrained(cached_dir("models", source, build), dtype=dtype)
+    return _cached_load(
+        cached_dir("models", source, build),
+        lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype),
+    )

@@ -14,6 +14,13 @@ from typing import Any
 import torch
 
 from retool.backends.local.allocator import release_large_blocks_to_os
+from retool.backends.local.dtype import (
+    ModelShapes,
+    Numerics,
+    Workload,
+    resolve_numerics,
+    time_model_decode,
+)
 from retool.backends.local.models import load_model, load_tokenizer
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.threads import run_in_worker
@@ -38,19 +45,38 @@ class LocalServiceClient:
         checkpoint_root: str | Path = "runs/checkpoints",
         max_context_tokens: int = 8192,
         gradient_checkpointing: bool = True,
+        workload: Workload | None = None,
+        numerics: Numerics | None = None,
     ) -> None:
+        """``dtype``: ``auto`` measures per role (:mod:`.dtype`) at ``workload``'s rows when the
+        first model loads; ``numerics`` pins an earlier choice (a resumed run keeps its own)."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {device!r}")
-        if dtype == "auto":
-            dtype = "float32"  # sampler and trainer logprobs must agree for PPO ratios
-        if dtype not in _DTYPES:
+        if dtype != "auto" and dtype not in _DTYPES:
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+        if (
+            numerics is not None
+            and dtype != "auto"
+            and (numerics.sampler, numerics.trainer)
+            != (
+                dtype,
+                dtype,
+            )
+        ):
+            raise ConfigError(
+                f"model.dtype = {dtype!r} differs from the run's recorded numerics "
+                f"({numerics.summary()}); keep the run's dtype or start a new run"
+            )
         if max_context_tokens <= 0:
             raise ConfigError(f"max_context_tokens must be > 0, got {max_context_tokens}")
         self.device = torch.device(device)
-        self.dtype = _DTYPES[dtype]
+        self.requested_dtype = dtype
+        # Weights load in float32 (the trainer's master copy) unless float16 is asked for.
+        self.dtype = torch.float16 if dtype == "float16" else torch.float32
+        self.workload = workload or Workload()
+        self.numerics: Numerics | None = numerics  # resolved when the first model loads
         self.checkpoint_root = Path(checkpoint_root)
         self.max_context_tokens = max_context_tokens
         self.gradient_checkpointing = gradient_checkpointing
@@ -58,9 +84,49 @@ class LocalServiceClient:
             release_large_blocks_to_os()  # see allocator.py: 3x lower peak RSS in training
 
     def _model(self, base_model: str, seed: int | None) -> Any:
-        return run_in_worker(
+        model = run_in_worker(
             lambda: load_model(base_model, dtype=self.dtype, seed=seed or 0).to(self.device)
         )
+        self.resolve_numerics(model)
+        return model
+
+    def resolve_numerics(self, model: Any) -> Numerics:
+        """The per-role dtypes (measured once, on the first model, for ``auto``)."""
+        if self.numerics is None:
+            device = str(self.device)
+            self.numerics = run_in_worker(
+                lambda: resolve_numerics(
+                    self.requested_dtype,
+                    ModelShapes.from_config(model.config),
+                    self.workload,
+                    device=device,
+                    sampler_timer=time_model_decode(model, device),
+                )
+            )
+        return self.numerics
+
+    def _role_dtypes(self) -> tuple[Any, Any]:
+        """(trainer autocast dtype or None, sampler weight dtype)."""
+        assert self.numerics is not None
+        autocast = torch.bfloat16 if self.numerics.trainer == "bfloat16" else None
+        return autocast, _DTYPES[self.numerics.sampler]
+
+    def _trainer(self, model: Any, base_model: str, lora: LoraSpec | None) -> LocalTrainingClient:
+        autocast, sampler_dtype = self._role_dtypes()
+        return LocalTrainingClient(
+            model,
+            load_tokenizer(base_model),
+            base_model,
+            lora,
+            self.checkpoint_root,
+            self.max_context_tokens,
+            self.gradient_checkpointing,
+            autocast_dtype=autocast,
+            sampler_dtype=sampler_dtype,
+        )
+
+    def _sampler_weights(self, model: Any) -> Any:
+        return model.to(self._role_dtypes()[1])
 
     def create_lora_training_client(
         self,
@@ -92,15 +158,7 @@ class LocalServiceClient:
             task_type="CAUSAL_LM",
         )
         peft_model = run_in_worker(lambda: get_peft_model(model, config))
-        return LocalTrainingClient(
-            peft_model,
-            load_tokenizer(base_model),
-            base_model,
-            spec,
-            self.checkpoint_root,
-            self.max_context_tokens,
-            self.gradient_checkpointing,
-        )
+        return self._trainer(peft_model, base_model, spec)
 
     def create_training_client(
         self, base_model: str, full: bool = True, seed: int | None = None
@@ -111,15 +169,7 @@ class LocalServiceClient:
         model = self._model(base_model, seed)
         for parameter in model.parameters():
             parameter.requires_grad_(True)
-        return LocalTrainingClient(
-            model,
-            load_tokenizer(base_model),
-            base_model,
-            None,
-            self.checkpoint_root,
-            self.max_context_tokens,
-            self.gradient_checkpointing,
-        )
+        return self._trainer(model, base_model, None)
 
     def _client_for_state(self, path: str | Path) -> LocalTrainingClient:
         meta = read_state_meta(Path(path))
@@ -155,7 +205,7 @@ class LocalServiceClient:
             if base_model is None:
                 raise ConfigError("create_sampling_client needs model_path or base_model")
             return LocalSamplingClient(
-                self._model(base_model, None),
+                self._sampler_weights(self._model(base_model, None)),
                 load_tokenizer(base_model),
                 max_context_tokens=self.max_context_tokens,
             )
@@ -171,15 +221,28 @@ class LocalServiceClient:
                 f"{info_path}: not a valid sampler description ({type(exc).__name__}: {exc}); "
                 "save the weights again with save_weights_for_sampler"
             ) from None
-        if merged:
-            model = run_in_worker(lambda: load_model(str(root), dtype=self.dtype).to(self.device))
-        else:
-            from peft import PeftModel
+        from safetensors import SafetensorError
 
-            base_model = self._model(base, None)
-            model = run_in_worker(
-                lambda: PeftModel.from_pretrained(base_model, str(root)).merge_and_unload()
-            )
+        try:
+            if merged:
+                model = run_in_worker(
+                    lambda: load_model(str(root), dtype=self.dtype).to(self.device)
+                )
+                self.resolve_numerics(model)
+            else:
+                from peft import PeftModel
+
+                base_model = self._model(base, None)
+                model = run_in_worker(
+                    lambda: PeftModel.from_pretrained(base_model, str(root)).merge_and_unload()
+                )
+        except SafetensorError as exc:  # a truncated or overwritten weights file
+            raise BackendError(
+                f"{root}: damaged weights file ({str(exc)[:120]}); use another checkpoint "
+                "of the run (RUN@STEP) or save these weights again"
+            ) from None
         return LocalSamplingClient(
-            model, load_tokenizer(base), max_context_tokens=self.max_context_tokens
+            self._sampler_weights(model),
+            load_tokenizer(base),
+            max_context_tokens=self.max_context_tokens,
         )

@@ -40,7 +40,12 @@ import numpy as np
 import torch
 
 from retool.backends.local.lora_fast import use_lean_lora_forward
-from retool.backends.local.losses import LOSS_NAMES, chunked_target_logprobs, compute_loss
+from retool.backends.local.losses import (
+    LOSS_NAMES,
+    SAMPLER_LOGPROBS,
+    chunked_target_logprobs,
+    compute_loss,
+)
 from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.threads import run_in_worker
 from retool.errors import BackendError
@@ -89,18 +94,35 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     A failure (or a crash) leaves ``final`` as it was: either the previous
     complete checkpoint or nothing.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    from safetensors import SafetensorError
+
+    from retool.data.files import write_failure
+
+    # A full disk surfaces as OSError, SafetensorError or torch's RuntimeError
+    # ("unexpected pos"): one BackendError naming the checkpoint, the previous one kept.
+    unwritable = (OSError, SafetensorError, RuntimeError)
+    then = "the previous checkpoint is kept: rerun with --resume"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    except OSError as exc:
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from None
     try:
         yield tmp
+    except unwritable as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     trash = None
-    if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.rename(final, trash)
-    os.rename(tmp, final)
+    try:
+        if final.exists():
+            trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.rename(final, trash)
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise BackendError(write_failure(final, "checkpoint", exc, then)) from None
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -120,6 +142,8 @@ class LocalTrainingClient:
         recompute_fraction: float = 0.1,
         logits_chunk_tokens: int = 1024,
         share_prefix: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+        sampler_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -129,6 +153,10 @@ class LocalTrainingClient:
         self.max_context_tokens = max_context_tokens
         self.logits_chunk_tokens = logits_chunk_tokens  # rows x positions per logits chunk
         self.share_prefix = share_prefix  # compute the datums' common prefix once per call
+        # bf16 training: the decoder under autocast, master weights and optimizer in float32,
+        # the output head and log-softmax in float32 (chunked_target_logprobs).
+        self.autocast_dtype = autocast_dtype
+        self.sampler_dtype = sampler_dtype  # sampling snapshots' weight dtype (None: as trained)
         self.device = next(model.parameters()).device
         self.steps = 0  # optimizer steps taken
         self._lock = threading.Lock()
@@ -266,16 +294,30 @@ class LocalTrainingClient:
         backward: bool,
     ) -> ForwardBackwardOutput:
         input_ids, mask, targets = self._batch(data, loss_fn)
+        autocast = torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+        )
         with torch.set_grad_enabled(backward):
             lengths = [datum.model_input.length for datum in data]
-            logprobs = self._target_logprobs(input_ids, targets, lengths)
+            with autocast:
+                logprobs = self._target_logprobs(input_ids, targets, lengths)
             flat = logprobs[mask.bool()]
             inputs = {
                 key: self._flat(data, key)
                 for key in _REQUIRED_INPUTS[loss_fn]
                 if key != "target_tokens"
             }
-            loss, metrics = compute_loss(loss_fn, flat, inputs, config)
+            if loss_fn != "cross_entropy" and all(
+                SAMPLER_LOGPROBS in d.loss_fn_inputs for d in data
+            ):
+                inputs[SAMPLER_LOGPROBS] = self._flat(data, SAMPLER_LOGPROBS)
+            segments = torch.repeat_interleave(
+                torch.arange(len(data), device=self.device),
+                torch.tensor(lengths, device=self.device),
+            )
+            loss, metrics = compute_loss(loss_fn, flat, inputs, config, segments=segments)
             if backward:
                 loss.backward()
         per_datum = []
@@ -400,6 +442,7 @@ class LocalTrainingClient:
         return Future.run(lambda: run_in_worker(lambda: self._load(Path(path), True)))
 
     def _load(self, root: Path, with_optimizer: bool) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         with self._lock:
@@ -409,7 +452,14 @@ class LocalTrainingClient:
                     f"{root}: checkpoint of {meta['base_model']!r}, this "
                     f"client trains {self.base_model!r}"
                 )
-            weights = load_file(str(root / "trainable.safetensors"))
+            try:
+                weights = load_file(str(root / "trainable.safetensors"))
+            except SafetensorError as exc:  # truncated or overwritten
+                raise BackendError(
+                    f"{root / 'trainable.safetensors'}: damaged weights file ({str(exc)[:120]}); "
+                    "resume from an earlier checkpoint (remove this one's line from "
+                    "checkpoints.jsonl) or start a new run"
+                ) from None
             missing = set(self._names) - set(weights)
             if missing:
                 raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
@@ -419,7 +469,13 @@ class LocalTrainingClient:
             if not with_optimizer:
                 self._optimizer = None
                 return
-            state = torch.load(root / "state.pt", weights_only=False)
+            try:
+                state = torch.load(root / "state.pt", weights_only=False)
+            except (RuntimeError, EOFError, ValueError) as exc:  # truncated: torch's own words
+                raise BackendError(
+                    f"{root / 'state.pt'}: damaged optimizer state ({str(exc)[:120]}); resume "
+                    "from an earlier checkpoint or start a new run"
+                ) from None
             if state["optimizer"] is not None:
                 self._optimizer = torch.optim.AdamW(self._params)
                 self._optimizer.load_state_dict(state["optimizer"])
@@ -464,8 +520,11 @@ class LocalTrainingClient:
         for name, layer in self._lora_layers:
             linear = model.get_submodule(name)
             adapter = layer.active_adapters[0]
-            linear.weight.copy_(layer.base_layer.weight)
-            linear.weight.add_(layer.get_delta_weight(adapter))  # PEFT's own merge, in place
+            if linear.weight.dtype == layer.base_layer.weight.dtype:
+                linear.weight.copy_(layer.base_layer.weight)
+                linear.weight.add_(layer.get_delta_weight(adapter))  # PEFT's own merge, in place
+            else:  # a bf16 sampler: merge in float32, round once
+                linear.weight.copy_(layer.base_layer.weight + layer.get_delta_weight(adapter))
         return True
 
     def _release_sampler_model(self, model: Any) -> None:
@@ -480,6 +539,8 @@ class LocalTrainingClient:
             clone = copy.deepcopy(self.model)
         if hasattr(clone, "merge_and_unload"):
             clone = clone.merge_and_unload()
+        if self.sampler_dtype is not None:
+            clone = clone.to(self.sampler_dtype)
         clone.eval()
         disable = getattr(clone, "activation_checkpointing_disable", None) or getattr(
             clone, "gradient_checkpointing_disable", None

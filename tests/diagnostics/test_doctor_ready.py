@@ -1,0 +1,42 @@
+"""``retool doctor`` never says ``ready`` for a run the command would refuse (issue 20)."""
+
+from __future__ import annotations
+
+import pytest
+
+from retool.diagnostics.doctor import check_run_dir, diagnose
+
+
+@pytest.mark.parametrize(
+    ("layout", "resume", "status", "says"),
+    [
+        ("run", False, "fail", "already holds a run"),
+        ("run", True, "ok", "resume"),
+        ("file", False, "fail", "is a file"),
+        ("loop", False, "fail", "symlink loop"),
+        ("missing", True, "fail", "nothing to resume"),
+        ("missing", False, "ok", "new run"),
+    ],
+)
+def test_run_directory_is_checked_as_the_command_checks_it(tmp_path, layout, resume, status, says):
+    path = tmp_path / "r"
+    if layout == "run":
+        path.mkdir()
+        (path / "config.toml").write_text("")
+    elif layout == "file":
+        path.write_text("x")
+    elif layout == "loop":
+        path.symlink_to(path)
+    check = check_run_dir(str(path), resume)
+    assert check.status == status and says in check.detail
+
+
+def test_a_missing_dev_split_of_the_periodic_evaluation_is_not_ready(tmp_path):
+    report = diagnose(
+        None,
+        ["train.eval_every=1", f"data.dev={tmp_path / 'nope.jsonl'}"],
+        run_dir=str(tmp_path / "new"),
+        sandbox=False,
+    )
+    assert not report.ok
+    assert any(c.name == "data.dev" and c.status == "fail" for c in report.checks)
