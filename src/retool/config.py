@@ -593,6 +593,17 @@ def load_config(
     path: str | os.PathLike[str] | None = None, overrides: typing.Sequence[str] = ()
 ) -> RunConfig:
     """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
+    return load_config_given(path, overrides)[0]
+
+
+def load_config_given(
+    path: str | os.PathLike[str] | None = None, overrides: typing.Sequence[str] = ()
+) -> tuple[RunConfig, frozenset[str]]:
+    """:func:`load_config`, and the ``section.key`` names the file or an override gave.
+
+    For a command whose own default differs from the config's (``retool eval``
+    samples with top_p 0.7): it applies its default only where nothing was given.
+    """
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -619,7 +630,7 @@ def load_config(
     hints = typing.get_type_hints(RunConfig)
     try:
         built = {name: build_section(hints[name], raw.get(name, {}), name) for name in sections}
-        return RunConfig(**built)
+        return RunConfig(**built), frozenset(origin)
     except ConfigError as exc:
         raise ConfigError(_with_origin(str(exc), origin)) from None
 

@@ -5,6 +5,7 @@ Values:
     TensorData        a flat numeric array with dtype and shape (``loss_fn_inputs``)
     Datum             one training example: model input + per-token loss inputs
     SamplingParams    how to sample one completion
+    SamplerStop       why the sampler stopped one sequence: ``stop`` | ``length``
     SampledSequence   one completion: tokens, per-token logprobs, text, stop reason
     SampleResponse    every completion of one sampling request
     AdamParams        one AdamW step
@@ -174,8 +175,13 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(stop))
 
 
-class StopReason(StrEnum):
-    """Why the sampler stopped one sequence."""
+class SamplerStop(StrEnum):
+    """Why the sampler stopped one sequence.
+
+    Not why a trajectory ended: that is :class:`retool.rollout.StopReason`, which the
+    rollout derives partly from this one (a ``length`` stop under a shrunk budget is
+    ``budget_exhausted``).
+    """
 
     STOP = "stop"
     """A stop string or stop token (EOS included) was produced; it is in ``tokens``."""
@@ -190,7 +196,7 @@ class SampledSequence:
     tokens: tuple[int, ...]  # the sampler's own token ids (never re-encoded)
     logprobs: tuple[float, ...]  # policy logprob of each token, temperature 1, unfiltered
     text: str | None = None  # decoded from ``tokens`` (special tokens skipped)
-    stop_reason: StopReason = StopReason.LENGTH  # why sampling ended
+    stop_reason: SamplerStop = SamplerStop.LENGTH  # why sampling ended
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from retool.backends.local.engine import SamplingEngine
-from retool.types import ModelInput, SamplingParams, StopReason
+from retool.types import ModelInput, SamplerStop, SamplingParams
 
 PROMPT = list(range(100, 130))
 
@@ -55,17 +55,17 @@ def test_same_seed_same_tokens_different_seed_differs(sampler):
 
 def test_stop_token_and_stop_string_are_kept(sampler):
     free = _sample(sampler, PROMPT, max_tokens=20, seed=5).sequences[0]
-    assert free.stop_reason == StopReason.LENGTH
+    assert free.stop_reason == SamplerStop.LENGTH
     stop_token = free.tokens[6]
     first = free.tokens.index(stop_token)
     stopped = _sample(sampler, PROMPT, max_tokens=20, seed=5, stop=(stop_token,)).sequences[0]
     assert stopped.tokens == free.tokens[: first + 1]
-    assert stopped.stop_reason == StopReason.STOP
+    assert stopped.stop_reason == SamplerStop.STOP
     tokenizer = sampler.get_tokenizer()
     text = tokenizer.decode(free.tokens[:12], skip_special_tokens=False)
     needle = text[-3:]
     by_string = _sample(sampler, PROMPT, max_tokens=20, seed=5, stop=(needle,)).sequences[0]
-    assert by_string.stop_reason == StopReason.STOP
+    assert by_string.stop_reason == SamplerStop.STOP
     assert needle in tokenizer.decode(by_string.tokens, skip_special_tokens=False)
     assert by_string.tokens == free.tokens[: len(by_string.tokens)]
     assert by_string.text == tokenizer.decode(by_string.tokens, skip_special_tokens=True)

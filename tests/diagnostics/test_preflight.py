@@ -8,13 +8,14 @@ import re
 import subprocess
 from pathlib import Path
 
-from retool.config import RolloutConfig, load_config
+from retool.config import load_config
 from retool.data.examples import MathExample
 from retool.diagnostics.preflight import assess, project_step
 from retool.reward import load_reward_function
 from retool.rollout import rollout_batch
 from retool.training.cost import prefill_split, sampled_tokens
 from retool.training.datum import build_training_datums
+from tests.builders import TINY_RUN, scripted_rollout, write_run_toml
 from tests.rollout.fakes import FakeSandbox, ScriptedSampler, answer_text, call_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def code_then_right(call) -> str:
 def preflight(tokenizer, script, *overrides: str):
     config = load_config(None, ["rollout.group_size=4", "train.questions_per_batch=2", *overrides])
     sampler = ScriptedSampler(tokenizer, script)
-    rollout = RolloutConfig(group_size=4, max_trajectory_tokens=2048, retry_backoff=0.0)
+    rollout = scripted_rollout(group_size=4, max_trajectory_tokens=2048)
     scorer = load_reward_function("tests.diagnostics.test_preflight:exact")
     result = rollout_batch(
         sampler, tokenizer, FakeSandbox(lambda code: "1\n"), QUESTIONS, rollout, scorer=scorer
@@ -110,15 +111,14 @@ def test_console_script_on_tiny_random_from_a_checkpoint(tmp_path):
     service = LocalServiceClient(checkpoint_root=tmp_path / "ckpt")
     trainer = service.create_lora_training_client("tiny-random", rank=4, seed=0)
     state = trainer.save_state("start").result().path
-    config = tmp_path / "run.toml"
-    config.write_text(
-        '[model]\nbase_model = "tiny-random"\nlora_rank = 4\n'
-        "[rollout]\ngroup_size = 2\nmax_assistant_tokens = 8\nmax_trajectory_tokens = 1024\n"
-        "[sandbox]\nmax_workers = 1\n"
-        '[reward]\nfunction = "tests.training.rewards:even_length"\n'
-        "[train]\nsteps = 10\nquestions_per_batch = 4\nmax_train_tokens = 1024\n"
-        "micro_batch_tokens = 2048\n"
-        '[cost]\nsample_price = 2.0\nprefill_price = 0.5\ntrain_price = 3.0\ncurrency = "EUR"\n'
+    config = write_run_toml(
+        tmp_path / "run.toml",
+        TINY_RUN,
+        rollout={"group_size": 2, "max_assistant_tokens": 8},
+        sandbox={"max_workers": 1},
+        reward={"function": "tests.training.rewards:even_length"},
+        train={"steps": 10, "questions_per_batch": 4, "micro_batch_tokens": 2048},
+        cost={"sample_price": 2.0, "prefill_price": 0.5, "train_price": 3.0, "currency": "EUR"},
     )
     done = subprocess.run(
         [

@@ -17,16 +17,22 @@ import pytest
 
 from retool.config import RolloutConfig
 from retool.errors import ConfigError
-from retool.evaluation import ROW_KEYS, evaluate, load_eval_examples, load_results
+from retool.evaluation import (
+    ROW_KEYS,
+    evaluate,
+    load_eval_examples,
+    load_results,
+    prepare_evaluation,
+)
+from tests.builders import scripted_rollout
 from tests.evaluation.test_results import SUMMARY_KEYS
 
-CONFIG = RolloutConfig(
+CONFIG = scripted_rollout(
     max_trajectory_tokens=1024,
     max_assistant_tokens=16,
     max_tool_response_tokens=64,
     max_assistant_turns=3,
     top_p=0.7,
-    retry_backoff=0.0,
 )
 TINY = (
     "--set",
@@ -117,8 +123,9 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
     settings = {"model": "tiny-random", "dataset": "demo"}
     full = tmp_path / "full.jsonl"
     seen = []
-    summary = evaluate(sampler, tokenizer, None, examples, CONFIG, n=2, output=full,
-                       settings=settings, progress=seen.append)  # fmt: skip
+    evaluation = prepare_evaluation(examples, CONFIG, n=2, output=full, settings=settings,
+                                    tools=False)  # fmt: skip
+    summary = evaluate(sampler, tokenizer, None, evaluation, progress=seen.append)
     data = _check_file(full, 2, 2, "text")
     assert data == json.loads(json.dumps(summary.to_dict()))
     assert len(seen) == 4 and all(r["sandbox_calls"] == 0 for r in _read(full)[1:-1])
@@ -133,8 +140,9 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
     kept = [lines[1 + i] for i in sorted([*first, partial])]
     killed.write_text(lines[0] + "".join(kept) + lines[1 + partial][:25])
     counting = CountingSampler(sampler)
-    summary = evaluate(counting, tokenizer, None, examples, CONFIG, n=2, output=killed,
-                       settings=settings)  # fmt: skip
+    evaluation = prepare_evaluation(examples, CONFIG, n=2, output=killed, settings=settings,
+                                    tools=False)  # fmt: skip
+    summary = evaluate(counting, tokenizer, None, evaluation)
     prompts = [tokenizer.decode(p) for p in counting.prompts]
     assert prompts and all(examples[1].question in p for p in prompts)
     assert not any(examples[0].question in p for p in prompts)
@@ -149,7 +157,9 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
     )
     # A finished file: nothing is sampled again; the summary is rewritten once.
     counting.prompts.clear()
-    evaluate(counting, tokenizer, None, examples, CONFIG, n=2, output=killed, settings=settings)
+    finished = prepare_evaluation(examples, CONFIG, n=2, output=killed, settings=settings,
+                                  tools=False)  # fmt: skip
+    evaluate(counting, tokenizer, None, finished)
     assert counting.prompts == []
     again = _read(killed)
     assert len(again) == 6 and sum("summary" in line for line in again) == 1
@@ -158,19 +168,22 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
 def test_resume_refuses_other_settings(sampler, examples, tmp_path):
     out = tmp_path / "r.jsonl"
     tokenizer = sampler.get_tokenizer()
-    evaluate(sampler, tokenizer, None, examples[:1], CONFIG, n=1, output=out,
-             settings={"model": "tiny-random"})  # fmt: skip
+    prepare_evaluation(examples[:1], CONFIG, n=1, output=out, settings={}, tools=False)
+    assert not out.exists()  # preparing reads the file; only evaluate writes it
+    evaluation = prepare_evaluation(examples[:1], CONFIG, n=1, output=out,
+                                    settings={"model": "tiny-random"}, tools=False)  # fmt: skip
+    evaluate(sampler, tokenizer, None, evaluation)
     before = out.read_bytes()
     hot = RolloutConfig(**{**CONFIG.__dict__, "temperature": 0.5})
     with pytest.raises(ConfigError, match=r"other settings: temperature \(1.0 -> 0.5\)"):
-        evaluate(sampler, tokenizer, None, examples[:1], hot, n=1, output=out,
-                 settings={"model": "tiny-random"})  # fmt: skip
+        prepare_evaluation(examples[:1], hot, n=1, output=out,
+                           settings={"model": "tiny-random"}, tools=False)  # fmt: skip
     with pytest.raises(ConfigError, match=r"n \(1 -> 2\)"):
-        evaluate(sampler, tokenizer, None, examples[:1], CONFIG, n=2, output=out,
-                 settings={"model": "tiny-random"})  # fmt: skip
+        prepare_evaluation(examples[:1], CONFIG, n=2, output=out,
+                           settings={"model": "tiny-random"}, tools=False)  # fmt: skip
     with pytest.raises(ConfigError, match=r"model \(\"tiny-random\" -> \"other\"\)"):
-        evaluate(sampler, tokenizer, None, examples[:1], CONFIG, n=1, output=out,
-                 settings={"model": "other"})  # fmt: skip
+        prepare_evaluation(examples[:1], CONFIG, n=1, output=out,
+                           settings={"model": "other"}, tools=False)  # fmt: skip
     assert out.read_bytes() == before
 
 
@@ -242,6 +255,32 @@ def test_cli_refuses_changed_settings_before_loading(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "was written with other settings" in err and "something-else" in err
     assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("toml", "extra", "temperature", "top_p"),
+    [
+        ("", (), 1.0, 0.7),  # the evaluation's own defaults
+        ("[rollout]\ntop_p = 0.9\n", (), 1.0, 0.9),  # the file wins over them
+        ("", ("--set", "rollout.temperature=0.5"), 0.5, 0.7),
+        ("[rollout]\ntop_p = 0.9\n", ("--set", "rollout.top_p=0.8"), 1.0, 0.8),
+        ("[rollout]\ntop_p = 0.9\n", ("--set", "rollout.top_p=0.8", "--top-p", "0.95"), 1.0, 0.95),
+        ("[rollout]\ntemperature = 0.3\n", ("--temperature", "0.6"), 0.6, 0.7),
+    ],
+)
+def test_cli_sampling_settings_resolve_flag_set_file_default(
+    tmp_path, capsys, toml, extra, temperature, top_p
+):
+    """Read back from the refusal of a file with other settings: nothing loads."""
+    config = tmp_path / "c.toml"
+    config.write_text(toml)
+    out = tmp_path / "o.jsonl"
+    out.write_text(json.dumps({"settings": {"n": 12, "temperature": -1, "top_p": -1}}) + "\n")
+    code = retool_eval("--model", "tiny-random", "--dataset", "demo", "--output", str(out),
+                       "--limit", "1", "--config", str(config), *extra)  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and f"temperature (-1 -> {temperature})" in err, err
+    assert f"top_p (-1 -> {top_p})" in err, err
 
 
 def test_cli_compare(tmp_path, capsys):

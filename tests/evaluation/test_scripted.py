@@ -3,22 +3,22 @@ rates, correctness, and rows appended as samples end (before ``progress`` hears)
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from retool.config import RolloutConfig
 from retool.data import MathExample
-from retool.evaluation import evaluate, load_results
+from retool.evaluation import evaluate, load_results, prepare_evaluation
 from retool.sandbox import ErrorKind, ExecResult
+from tests.builders import scripted_rollout
 from tests.rollout.fakes import FakeSandbox, ScriptedSampler, answer_text, call_text
 
-CONFIG = RolloutConfig(
+CONFIG = scripted_rollout(
     max_trajectory_tokens=2048,
     max_assistant_tokens=128,
     max_tool_response_tokens=64,
     max_assistant_turns=3,
-    retry_backoff=0.0,
 )
 PROBLEMS = [
     MathExample("q1", "What is 3 + 4?", "7"),
@@ -47,8 +47,9 @@ def test_tool_mode_counts_sandbox_calls_per_sample(smol_tokenizer, tmp_path):
 
     sampler = ScriptedSampler(smol_tokenizer, _script)
     sandbox = FakeSandbox(_outputs)
-    summary = evaluate(sampler, smol_tokenizer, sandbox, PROBLEMS, CONFIG, n=2, output=out,
-                       settings={"model": "scripted"}, progress=progress)  # fmt: skip
+    evaluation = prepare_evaluation(PROBLEMS, CONFIG, n=2, output=out,
+                                    settings={"model": "scripted"}, tools=True)  # fmt: skip
+    summary = evaluate(sampler, smol_tokenizer, sandbox, evaluation, progress=progress)
     assert rows_at_event == [1, 2, 3, 4]  # each row is on disk before progress hears of it
     rows = {(r["problem_id"], r["sample_index"]): r for r in load_results(out).rows}
     computed, timed_out = rows[("q1", 0)], rows[("q1", 1)]
@@ -74,16 +75,15 @@ def test_skipped_problems_still_get_rows(smol_tokenizer, tmp_path):
     """A first prompt longer than the budget sends no trajectory to ``progress``: its
     samples are still written (as excluded ``prompt_too_long``) before the summary."""
     out = tmp_path / "short.jsonl"
-    tight = RolloutConfig(
+    tight = scripted_rollout(
         max_trajectory_tokens=64,
         max_assistant_tokens=16,
         max_tool_response_tokens=16,
         min_observation_tokens=8,
-        retry_backoff=0.0,
     )
     sampler = ScriptedSampler(smol_tokenizer, _script)
-    summary = evaluate(sampler, smol_tokenizer, None, PROBLEMS, tight, n=3, output=out,
-                       settings={})  # fmt: skip
+    evaluation = prepare_evaluation(PROBLEMS, tight, n=3, output=out, settings={}, tools=False)
+    summary = evaluate(sampler, smol_tokenizer, None, evaluation)
     assert sampler.requests == []
     rows = load_results(out).rows
     assert len(rows) == 6 and all(r["stop_reason"] == "prompt_too_long" for r in rows)
@@ -91,3 +91,18 @@ def test_skipped_problems_still_get_rows(smol_tokenizer, tmp_path):
     assert summary.stop_reasons["prompt_too_long"] == 1.0 and summary.average_at_n == 0.0
     metrics = summary.metrics()
     assert metrics["eval/stop/prompt_too_long"] == 1.0 and "eval/pass_at_3" in metrics
+
+
+def test_evaluate_refuses_a_running_event_loop_and_the_wrong_mode(smol_tokenizer, tmp_path):
+    out = tmp_path / "loop.jsonl"
+    sampler = ScriptedSampler(smol_tokenizer, _script)
+    text_mode = prepare_evaluation(PROBLEMS, CONFIG, n=1, output=out, settings={}, tools=False)
+
+    async def inside_a_loop():
+        evaluate(sampler, smol_tokenizer, None, text_mode)
+
+    with pytest.raises(RuntimeError, match=r"use `await evaluate_async\(\.\.\.\)` there"):
+        asyncio.run(inside_a_loop())
+    with pytest.raises(ValueError, match="text-mode one sandbox=None"):
+        evaluate(sampler, smol_tokenizer, FakeSandbox(_outputs), text_mode)
+    assert not out.exists() and sampler.requests == []

@@ -23,34 +23,13 @@ from retool.report.viewer import cached_tokenizer
 from retool.rollout import Trajectory
 from retool.rollout.types import AssistantTurn, Observation, StopReason
 from retool.training.run_dir import RunDirectory, config_to_toml
+from tests.builders import run_toml
 
 ROOT = Path(__file__).resolve().parents[2]
-RL_CONFIG = """
-[model]
-base_model = "tiny-random"
-lora_rank = 4
-
-[rollout]
-group_size = 3
-max_assistant_tokens = 8
-max_trajectory_tokens = 1024
-max_in_flight_samples = 1
-
-[sandbox]
-max_workers = 1
-
-[reward]
-function = "tests.training.rewards:even_length"
-
-[train]
-steps = 2
-questions_per_batch = 2
-learning_rate = 0.001
-max_train_tokens = 1024
-micro_batch_tokens = 4000
-micro_batch_items = 8
-save_every = 2
-"""
+RL_CONFIG = run_toml(
+    rollout={"group_size": 3},
+    train={"micro_batch_tokens": 4000, "micro_batch_items": 8, "save_every": 2},
+)
 EVIL = '</script><script>alert("pwned")</script> "quoted" \x00 <!-- & <b>bold</b>'
 EVIL_QUESTION = 'What is 6*7? <img src=x onerror="alert(1)"> </textarea>'
 

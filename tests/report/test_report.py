@@ -305,3 +305,22 @@ def test_viewer_json_cannot_close_its_script_block_and_has_no_nan():
     text = script_json({"t": "</script><!-- \u2028 &", "x": float("nan"), "y": [float("inf")]})
     assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
     assert json.loads(text) == {"t": "</script><!-- \u2028 &", "x": None, "y": [None]}
+
+
+def test_the_page_assets_are_embedded_whole_and_ship_as_package_data(crafted_report):
+    """The style sheet and script are files of the package: a wheel carries them only
+    if pyproject.toml declares them, so every file in assets/ must match a pattern."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    from retool.report import page
+    from tests.report.conftest import ROOT
+
+    text = crafted_report.read_text(encoding="utf-8")
+    assert f"<style>\n{page.CSS}</style>" in text and f"<script>\n{page.JS}</script>" in text
+    assert ":root {" in page.CSS and '"use strict";' in page.JS
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = pyproject["tool"]["setuptools"]["package-data"]["retool.report"]
+    assets = sorted(p.name for p in (Path(page.__file__).parent / "assets").iterdir())
+    assert assets == ["report.css", "report.js"]
+    assert all(any(fnmatch(f"assets/{name}", p) for p in declared) for name in assets)

@@ -1,5 +1,5 @@
 """The reward API's edges: numeric references are accepted, anything else that is
-not text is refused with an error naming the argument (issue 12, class 8)."""
+not text is refused with an error naming the argument."""
 
 import math
 import sys

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retool.sandbox import ErrorKind, ExecResult, SandboxStats
-from retool.types import SampledSequence, SampleResponse, SamplingParams, StopReason
+from retool.types import SampledSequence, SampleResponse, SamplerStop, SamplingParams
 
 
 def call_text(code: str, lead: str = "Let me compute.") -> str:
@@ -79,9 +79,9 @@ class ScriptedSampler:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if not text.endswith("```\n"):
             ids.append(self.tokenizer.eos_token_id)  # an answer ends with <|im_end|>
-        stop = StopReason.STOP
+        stop = SamplerStop.STOP
         if len(ids) > params.max_tokens:
-            ids, stop = ids[: params.max_tokens], StopReason.LENGTH
+            ids, stop = ids[: params.max_tokens], SamplerStop.LENGTH
         logprobs = [-0.5 - 0.001 * i for i in range(len(ids))]
         decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
         reported = self.text(decoded) if self.text is not None else decoded

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from retool.config import RolloutConfig
 from retool.data.demo import demo_examples
 from retool.rollout import StopReason, rollout_batch
 from retool.sandbox import LocalSandbox
-from retool.types import ModelInput, SampledSequence, SampleResponse
-from retool.types import StopReason as SamplerStop
+from retool.types import ModelInput, SampledSequence, SampleResponse, SamplerStop
+from tests.builders import scripted_rollout
 from tests.rollout.fakes import call_text
 
-CONFIG = RolloutConfig(
+CONFIG = scripted_rollout(
     group_size=3,
     max_trajectory_tokens=1024,
     max_assistant_tokens=24,
@@ -26,7 +25,6 @@ CONFIG = RolloutConfig(
     max_assistant_turns=3,
     temperature=1.0,
     protocol="markdown",
-    retry_backoff=0.0,
 )
 
 

@@ -24,6 +24,7 @@ from retool.rollout import (
     sample_seed,
 )
 from retool.sandbox import ErrorKind, ExecResult
+from tests.builders import scripted_rollout
 from tests.rollout.fakes import (
     FakeSandbox,
     ScriptedSampler,
@@ -44,11 +45,9 @@ def config(**overrides) -> RolloutConfig:
         max_trajectory_tokens=2048,
         max_assistant_tokens=256,
         max_tool_response_tokens=128,
-        retry_backoff=0.0,
         protocol="markdown",
     )
-    base.update(overrides)
-    return RolloutConfig(**base)
+    return scripted_rollout(**{**base, **overrides})
 
 
 def code_then_answer(call) -> str:

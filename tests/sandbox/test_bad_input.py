@@ -1,11 +1,11 @@
 """Bad input to the sandbox, as an attacker of our own API and CLI would send it.
 
-Issue 12, the sandbox's side: code that is not text or too large is refused
-before it reaches the sandbox (the CLI: exit 2 and one line naming the source,
-the line and the byte offset; the API: a refused ``ExecResult``); snippets
-that break the interpreter never show the runtime's own frames; every public
-number is finite and in range at construction; Ctrl-C and SIGTERM leave no
-process and no temporary directory and exit 130/143.
+Code that is not text or too large is refused before it reaches the sandbox
+(the CLI: exit 2 and one line naming the source, the line and the byte offset;
+the API: a refused ``ExecResult``); snippets that break the interpreter never
+show the runtime's own frames; every public number is finite and in range at
+construction; Ctrl-C and SIGTERM leave no process and no temporary directory
+and exit 130/143.
 """
 
 import contextlib

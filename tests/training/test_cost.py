@@ -22,6 +22,7 @@ from retool.training.cost import (
     step_tokens,
 )
 from retool.training.loop import train
+from tests.builders import scripted_rollout
 from tests.rollout.fakes import FakeSandbox, ScriptedSampler, answer_text, call_text
 from tests.training.test_loop import write_config
 
@@ -43,11 +44,10 @@ def exact(text: str, reference: str) -> float:
 
 
 def test_prefill_counts_every_request_once_as_the_sampler_received_it(smol_tokenizer):
-    from retool.config import RolloutConfig
 
     sampler = ScriptedSampler(smol_tokenizer, two_calls_or_answer)
     sandbox = FakeSandbox(lambda code: "1\n")
-    config = RolloutConfig(group_size=3, max_trajectory_tokens=2048, retry_backoff=0.0)
+    config = scripted_rollout(group_size=3, max_trajectory_tokens=2048)
     scorer = load_reward_function("tests.training.test_cost:exact")
     result = rollout_batch(sampler, smol_tokenizer, sandbox, QUESTIONS, config, scorer=scorer)
     trajectories = result.trajectories

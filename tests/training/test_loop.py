@@ -24,35 +24,18 @@ from retool.config import load_config
 from retool.errors import RetoolError
 from retool.training.loop import train
 from retool.training.run_dir import RunDirectory
+from tests.builders import run_toml
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = """
-[model]
-base_model = "tiny-random"
-lora_rank = 4
-
-[rollout]
-group_size = 4
-max_assistant_tokens = 8
-max_trajectory_tokens = 1024
-max_in_flight_samples = 1  # one request at a time: batch composition, hence tokens, fixed
-
-[sandbox]
-max_workers = 1
-
-[reward]
-function = "tests.training.rewards:even_length"
-
-[train]
-steps = 2
-questions_per_batch = 2
-learning_rate = 0.001
-grad_clip_norm = 1.0
-max_train_tokens = 1024
-micro_batch_tokens = 1500
-micro_batch_items = 3
-save_every = 1
-"""
+CONFIG = run_toml(
+    rollout={"group_size": 4},
+    train={
+        "grad_clip_norm": 1.0,
+        "micro_batch_tokens": 1500,
+        "micro_batch_items": 3,
+        "save_every": 1,
+    },
+)
 
 
 @pytest.fixture(autouse=True)

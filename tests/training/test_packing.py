@@ -214,7 +214,7 @@ def trajectory_lengths(rng: random.Random, n: int) -> list[int]:
 
 @pytest.mark.parametrize("seed", range(30))
 def test_within_two_percent_of_optimum_on_random_mixes(seed: int) -> None:
-    # Ours is exact, so the 2% bound of the issue holds with equality; the
+    # Ours is exact, so the 2% bound holds with equality; the
     # optimum here comes from a search that does not rely on contiguity.
     rng = random.Random(1000 + seed)
     lengths = trajectory_lengths(rng, rng.randint(9, 11))

@@ -14,7 +14,7 @@ from retool.errors import DataError, RetoolError
 from retool.protocol import get_protocol
 from retool.reward import RewardResult
 from retool.rollout import rollout_batch
-from retool.rollout.types import StopReason as EndReason
+from retool.rollout.types import StopReason
 from retool.sandbox import LocalSandbox
 from retool.sandbox.result import ErrorKind, ExecResult
 from retool.training.datum import DatumError, build_datum
@@ -28,7 +28,7 @@ from retool.training.sft_data import (
     render_conversation,
     write_conversations,
 )
-from retool.types import SampledSequence, SampleResponse, StopReason
+from retool.types import SampledSequence, SampleResponse, SamplerStop
 from tests.rollout.fakes import FakeSandbox
 
 DIALECTS = ("markdown", "hermes_json", "qwen3_xml")
@@ -291,7 +291,7 @@ class ReplaySampler:
         completion = self.tokens[len(ids) : end]
         text = self.tokenizer.decode(completion, skip_special_tokens=True)
         sequence = SampledSequence(
-            tuple(completion), tuple(-0.25 for _ in completion), text, StopReason.STOP
+            tuple(completion), tuple(-0.25 for _ in completion), text, SamplerStop.STOP
         )
         return SampleResponse((sequence,) * num_samples)
 
@@ -324,7 +324,7 @@ def test_rendering_is_the_rollout_prefix_chain(smol_tokenizer, dialect_name, con
     assert len(tokens) == len(weights) and set(weights) == {0.0, 1.0}
 
     trajectory, _, sandbox = _rollout(conversation, dialect_name, smol_tokenizer, tokens, weights)
-    assert trajectory.stop_reason == EndReason.ANSWER, trajectory.error
+    assert trajectory.stop_reason == StopReason.ANSWER, trajectory.error
     calls = [m["code"] for m in conversation.messages if "code" in m]
     assert [o.code.rstrip("\n") for o in trajectory.observations] == [c.rstrip("\n") for c in calls]
     assert len(sandbox.calls) == len(calls)

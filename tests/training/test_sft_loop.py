@@ -8,25 +8,20 @@ import torch
 from retool.config import load_config
 from retool.training.run_dir import RunDirectory
 from retool.training.sft import run_sft
+from tests.builders import TINY_RUN, run_toml
 from tests.training.test_loop import final_weights, retool
 
-CONFIG = """
-[model]
-base_model = "tiny-random"
-lora_rank = 4
-
-[rollout]
-max_trajectory_tokens = 1024
-
-[train]
-steps = 2
-questions_per_batch = 4
-learning_rate = 0.002
-max_train_tokens = 1024
-micro_batch_tokens = 1500
-micro_batch_items = 2
-save_every = 1
-"""
+CONFIG = run_toml(
+    TINY_RUN,
+    train={
+        "steps": 2,
+        "questions_per_batch": 4,
+        "learning_rate": 0.002,
+        "micro_batch_tokens": 1500,
+        "micro_batch_items": 2,
+        "save_every": 1,
+    },
+)
 
 
 @pytest.fixture(scope="module")

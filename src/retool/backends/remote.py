@@ -76,9 +76,9 @@ from retool.types import (
     OptimStepOutput,
     SampledSequence,
     SampleResponse,
+    SamplerStop,
     SamplingParams,
     SaveStateOutput,
-    StopReason,
     TensorData,
 )
 
@@ -429,8 +429,8 @@ _STOP_WORDS = {"stop", "eos", "stop_sequence", "stop_token", "end_turn", "eos_to
 _LENGTH_WORDS = {"length", "max_tokens", "max_length", "max_new_tokens"}
 
 
-def stop_reason(raw: Any, num_tokens: int, max_tokens: int, backend: str) -> StopReason:
-    """Our :class:`StopReason` for an SDK's stop reason.
+def stop_reason(raw: Any, num_tokens: int, max_tokens: int, backend: str) -> SamplerStop:
+    """Our :class:`SamplerStop` for an SDK's stop reason.
 
     Tinker's is ``"stop"`` or ``"length"`` (tinker/types/_pydantic_types/
     stop_reason.py); PyTRIO's is a free string (pytrio/protocol/actor/
@@ -441,11 +441,11 @@ def stop_reason(raw: Any, num_tokens: int, max_tokens: int, backend: str) -> Sto
     """
     value = str(getattr(raw, "value", raw) or "").strip().lower()
     if value in _STOP_WORDS:
-        return StopReason.STOP
+        return SamplerStop.STOP
     if value in _LENGTH_WORDS:
-        return StopReason.LENGTH
+        return SamplerStop.LENGTH
     if not value:
-        return StopReason.LENGTH if num_tokens >= max_tokens else StopReason.STOP
+        return SamplerStop.LENGTH if num_tokens >= max_tokens else SamplerStop.STOP
     raise BackendError(f"{backend}: the sampler stopped a sequence with reason {value!r}")
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from retool.checks import check_number, format_bound
-from retool.config import load_config, parse_override
+from retool.config import load_config_given, parse_override
 from retool.data.files import check_output_dir
 from retool.errors import ConfigError, DependencyError
 from retool.interrupts import Interrupted
@@ -200,12 +200,23 @@ def load_command_config(
     is refused rather than silently ignored. ``flags`` are the overrides the
     command's own flags stand for, applied last (:data:`PRECEDENCE`).
     """
+    return load_command_config_given(args, command, unused=unused, flags=flags)[0]
+
+
+def load_command_config_given(
+    args: argparse.Namespace,
+    command: str,
+    *,
+    unused: Mapping[str, str] = {},
+    flags: Sequence[str] = (),
+) -> tuple[Any, frozenset[str]]:
+    """:func:`load_command_config`, and the ``section.key`` names given (file, --set, flags)."""
     for text in args.overrides:
         key = _override_key(text)
         reason = unused.get(key) or unused.get(key.split(".", 1)[0])
         if reason is not None:
             raise ConfigError(f"--set {text}: `retool {command}` does not use {key}; {reason}")
-    return load_config(args.config, [*args.overrides, *flags])
+    return load_config_given(args.config, [*args.overrides, *flags])
 
 
 def check_run_dir(path: str | os.PathLike[str], *, resume: bool, flag: str = "--run-dir") -> Path:

@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +35,20 @@ from retool.cli.common import (
     HelpFormatter,
     add_config_options,
     add_number,
-    load_command_config,
+    load_command_config_given,
     say,
 )
-from retool.data.files import check_output_file, read_text
+from retool.config import RolloutConfig
+from retool.data.files import check_output_file
 from retool.errors import ConfigError
 from retool.evaluation import (
     FieldNames,
-    check_resumable,
     compare,
-    eval_settings,
     evaluate,
     format_comparison,
     format_summary,
     load_eval_examples,
+    prepare_evaluation,
     resolve_model_spec,
 )
 from retool.reward import default_checker, load_reward_function
@@ -162,35 +161,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     comp.set_defaults(handler=run_compare)
 
 
-def _file_sets_sampling(config_path: str | None) -> set[str]:
-    """The rollout sampling keys the config file sets itself."""
-    if config_path is None:
-        return set()
-
-    try:
-        raw = tomllib.loads(read_text(config_path, what="config file", error=ConfigError))
-    except tomllib.TOMLDecodeError:
-        return set()  # load_config reports it
-    rollout = raw.get("rollout")
-    return set(rollout) & {"temperature", "top_p"} if isinstance(rollout, dict) else set()
-
-
 def _flags(args: argparse.Namespace) -> list[str]:
-    """Overrides standing for the flags, and the evaluation's own sampling defaults.
-
-    The defaults apply only where neither the config file nor ``--set`` sets the
-    key, so their place in the list does not matter; the flags come last and win.
-    """
-    given = _file_sets_sampling(args.config)
-    for text in args.overrides:
-        key = text.split("=", 1)[0].strip()
-        if key in ("rollout.temperature", "rollout.top_p"):
-            given.add(key.split(".", 1)[1])
+    """Overrides standing for the flags: applied last, they win."""
     overrides = []
-    if "temperature" not in given:
-        overrides.append(f"rollout.temperature={EVAL_TEMPERATURE}")
-    if "top_p" not in given:
-        overrides.append(f"rollout.top_p={EVAL_TOP_P}")
     if args.temperature is not None:
         overrides.append(f"rollout.temperature={args.temperature!r}")
     if args.top_p is not None:
@@ -200,6 +173,13 @@ def _flags(args: argparse.Namespace) -> list[str]:
     if args.backend is not None:
         overrides.append(f'model.backend="{args.backend}"')
     return overrides
+
+
+def _sampling(rollout: RolloutConfig, given: frozenset[str]) -> RolloutConfig:
+    """The evaluation's own sampling defaults, where no file, ``--set`` or flag gave the key."""
+    temperature = rollout.temperature if "rollout.temperature" in given else EVAL_TEMPERATURE
+    top_p = rollout.top_p if "rollout.top_p" in given else EVAL_TOP_P
+    return dataclasses.replace(rollout, temperature=temperature, top_p=top_p)
 
 
 def _dataset_key(spec: str) -> str:
@@ -242,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     unused = dict(UNUSED)
     if not tools:
         unused["sandbox"] = "--mode text runs no code"
-    config = load_command_config(args, "eval", unused=unused, flags=_flags(args))
+    config, given = load_command_config_given(args, "eval", unused=unused, flags=_flags(args))
     output = check_output_file(args.output, flag="--output")
     lock_output(output, "--output")  # a second `retool eval` on this file refuses at once
     fields = FieldNames(args.question_field, args.answer_field, args.id_field)
@@ -266,9 +246,11 @@ def run(args: argparse.Namespace) -> int:
             "memory_mb": sandbox_config.memory_mb,
             "max_output_bytes": sandbox_config.max_output_bytes,
         }
-    rollout = dataclasses.replace(config.rollout, group_size=n)
-    full = eval_settings(settings, rollout, n=n, examples=examples, tools=tools, seed_step=0)
-    resume = check_resumable(output, full)  # refuse other settings before loading anything
+    rollout = _sampling(config.rollout, given)
+    # Refuse other settings before loading anything.
+    evaluation = prepare_evaluation(
+        examples, rollout, n=n, output=output, settings=settings, tools=tools, seed_step=0
+    )
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
@@ -277,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         say(f"loading {args.model} ...")
         sampler = open_sampling_client(service, model.path)
+        resume = evaluation.resume
         done = len(resume.done)
         if done:
             say(
@@ -288,13 +271,8 @@ def run(args: argparse.Namespace) -> int:
             sampler,
             sampler.get_tokenizer(),
             sandbox,
-            examples,
-            rollout,
-            n=n,
-            output=output,
-            settings=settings,
+            evaluation,
             progress=update,
-            seed_step=0,
             reward_timeout=config.reward.timeout,
             scorer=scorer,
             checker=None if scorer else default_checker(workers=config.reward.workers),

@@ -1,9 +1,11 @@
 """Evaluation: a benchmark sampled N times, its numbers with their uncertainty, comparisons.
 
-``evaluate(...)`` runs one rollout batch with ``group_size = n`` over the
-problems (tool mode with a sandbox, text mode with ``sandbox=None``) and
-writes a resumable results file (:mod:`~retool.evaluation.results`: a
-settings header, one row per sample as it ends, a summary line).
+``prepare_evaluation(...)`` checks the settings against an existing results
+file before any model loads; ``evaluate(...)`` then runs one rollout batch
+with ``group_size = n`` over the problems (tool mode with a sandbox, text
+mode with ``sandbox=None``) and writes a resumable results file
+(:mod:`~retool.evaluation.results`: a settings header, one row per sample
+as it ends, a summary line).
 ``summarize(rows, n)`` turns sample rows into an :class:`EvalSummary`
 (Average@N with a bootstrap interval over problems, unbiased pass@k, format
 rate, behaviour and sandbox rates; :mod:`~retool.evaluation.summary`).
@@ -13,14 +15,21 @@ the estimators and says why they are these. ``retool eval`` is the command.
 
 Modules: ``datasets`` (benchmark files: demo, JSONL, Parquet, save_to_disk),
 ``models`` (what ``--model`` names), ``results`` (the file format),
-``runner`` (evaluate), ``summary``, ``stats``, ``compare``, ``tables``.
+``runner`` (prepare_evaluation, evaluate), ``summary``, ``stats``, ``compare``, ``tables``.
 """
 
 from retool.evaluation.compare import Comparison, ProblemPair, compare
 from retool.evaluation.datasets import FieldNames, load_eval_examples
 from retool.evaluation.models import ModelSpec, resolve_model_spec
 from retool.evaluation.results import ROW_KEYS, EvalResults, load_results
-from retool.evaluation.runner import check_resumable, eval_settings, evaluate, evaluate_async
+from retool.evaluation.runner import (
+    PreparedEvaluation,
+    check_resumable,
+    eval_settings,
+    evaluate,
+    evaluate_async,
+    prepare_evaluation,
+)
 from retool.evaluation.stats import bootstrap_ci, pass_at_k, sign_flip_p_value
 from retool.evaluation.summary import EvalSummary, summarize
 from retool.evaluation.tables import format_comparison, format_summary
@@ -32,6 +41,7 @@ __all__ = [
     "EvalSummary",
     "FieldNames",
     "ModelSpec",
+    "PreparedEvaluation",
     "ProblemPair",
     "bootstrap_ci",
     "check_resumable",
@@ -44,6 +54,7 @@ __all__ = [
     "load_eval_examples",
     "load_results",
     "pass_at_k",
+    "prepare_evaluation",
     "resolve_model_spec",
     "sign_flip_p_value",
     "summarize",

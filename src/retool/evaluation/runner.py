@@ -1,6 +1,9 @@
 """Run an evaluation: ``n`` samples per problem through the rollout engine, journaled.
 
-:func:`evaluate` is one rollout batch with ``group_size = n`` (advantages are
+Two steps: :func:`prepare_evaluation` checks the settings and reads the
+results file (before any model loads, so a file that cannot be continued
+costs nothing); :func:`evaluate` (or :func:`evaluate_async`) then samples.
+It is one rollout batch with ``group_size = n`` (advantages are
 computed by the engine but mean nothing here). Each sample's row is appended
 to the results file as its trajectory ends (the rollout's progress callback
 fires after scoring), so a kill loses at most the samples in flight.
@@ -52,9 +55,9 @@ from retool.rollout import (
     StopReason,
     Trajectory,
     check_context_limit,
-    rollout_batch,
     rollout_batch_async,
 )
+from retool.rollout.sync import synchronous
 
 # Rollout fields that decide the samples (the rest are concurrency and retry knobs).
 SAMPLE_DECIDING = (
@@ -203,6 +206,14 @@ class _Journal:
         if self.forward is not None:
             self.forward(event)
 
+    def finish(self, summary: EvalSummary) -> None:
+        """The summary line, after every row: the file is complete once it is on disk."""
+        with writing(self.path, "results summary", then=_RERUN):
+            self.handle.flush()
+            self.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+
     def close(self) -> None:
         # After a failed write (a full disk) the buffer still holds that row: closing
         # retries it and would replace the error being reported with a bare OSError.
@@ -210,152 +221,114 @@ class _Journal:
             self.handle.close()
 
 
-@dataclass
-class _Prepared:
-    config: RolloutConfig
-    settings: dict[str, Any]
-    resume: ResumeState
-    reuse: dict[int, list[Trajectory]]
-    remaining: int
+@dataclass(frozen=True)
+class PreparedEvaluation:
+    """An evaluation checked before any model loads, by :func:`prepare_evaluation`."""
+
+    examples: tuple[MathExample, ...]  # the problems, in slot order
+    config: RolloutConfig  # the caller's rollout settings with ``group_size = n``
+    output: Path  # the results file
+    settings: dict[str, Any]  # the full header settings (:func:`eval_settings`)
+    resume: ResumeState  # what ``output`` already holds for these settings
+    tools: bool  # tool mode (a sandbox runs the code); text mode otherwise
+    seed_step: int  # the rollout ``step`` the sampling seeds derive from
+
+    @property
+    def n(self) -> int:
+        return self.config.group_size
+
+    def reuse(self) -> dict[int, list[Trajectory]]:
+        """Placeholder groups for the complete problems: the rollout skips their slots."""
+        return {
+            slot: _placeholders(self.examples[slot], slot, self.n)
+            for slot in sorted(self.resume.done)
+            if 0 <= slot < len(self.examples)
+        }
 
 
-def _prepare(
-    sampling_client: Any,
+def prepare_evaluation(
     examples: Sequence[MathExample],
     config: RolloutConfig,
+    *,
     n: int,
-    output: Path,
+    output: str | os.PathLike[str],
     settings: Mapping[str, Any],
     tools: bool,
-    seed_step: int,
-) -> _Prepared:
+    seed_step: int = 0,
+) -> PreparedEvaluation:
+    """Check an evaluation and read its results file once; load no model, write nothing.
+
+    ``settings`` describe the run for the header (model, dataset, ...); the
+    evaluation adds ``n``, the mode, the seeds, the sampling settings and
+    budgets of ``config``, and a digest of the problems. A results file written
+    with other settings is refused here (:func:`check_resumable`), so a caller
+    that prepares first loads nothing for an evaluation it cannot continue.
+    """
     check_number("--val-n", n, 1, 1024, integer=True)
     if not isinstance(config, RolloutConfig):
         raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
     if not examples:
         raise ConfigError("nothing to evaluate: the problem list is empty")
     config = dataclasses.replace(config, group_size=n)
-    check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
     full = eval_settings(settings, config, n=n, examples=examples, tools=tools, seed_step=seed_step)
-    resume = check_resumable(output, full)
-    reuse = {
-        slot: _placeholders(examples[slot], slot, n)
-        for slot in sorted(resume.done)
-        if 0 <= slot < len(examples)
-    }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with writing(output, "results file", then="nothing was written"):
-        write_atomic(output, [header_line(full), *(row_line(r) for r in resume.rows)])
-    return _Prepared(config, full, resume, reuse, len(examples) - len(reuse))
-
-
-def _finish(
-    output: Path, prepared: _Prepared, journal: _Journal, result: Any | None
-) -> EvalSummary:
-    if result is not None:  # skipped questions (first prompt too long) send no trajectory
-        for trajectory in result.trajectories:
-            if trajectory.question_index not in prepared.reuse:
-                journal.add(trajectory)
-    rows = [*prepared.resume.rows, *journal.rows]
-    summary = summarize(rows, prepared.config.group_size)
-    with writing(output, "results summary", then=_RERUN):
-        journal.handle.flush()
-        journal.handle.write(json.dumps({"summary": summary.to_dict()}) + "\n")
-        journal.handle.flush()
-        os.fsync(journal.handle.fileno())
-    return summary
-
-
-def evaluate(
-    sampling_client: Any,
-    tokenizer: Any,
-    sandbox: Any | None,
-    examples: Sequence[MathExample],
-    config: RolloutConfig,
-    *,
-    n: int,
-    output: Path,
-    settings: Mapping[str, Any],
-    progress: ProgressCallback | None = None,
-    seed_step: int = 0,
-    reward_timeout: float = 5.0,
-    scorer: Any | None = None,
-    checker: Any | None = None,
-) -> EvalSummary:
-    """Sample every problem ``n`` times, write ``output``, return the summary.
-
-    ``sandbox=None`` is text mode (no tools). ``settings`` describe the run for
-    the header (model, dataset, ...); the evaluation adds ``n``, the mode, the
-    seeds, the sampling settings and budgets of ``config``, and a digest of the
-    problems. ``progress`` receives the rollout's events (after each row is
-    written). ``reward_timeout``, ``scorer`` and ``checker`` go to the rollout's
-    scoring as in training. Synchronous: from inside an event loop use
-    :func:`evaluate_async`.
-    """
     output = Path(output)
-    prepared = _prepare(
-        sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
-    )
-    journal = _Journal(output, prepared.resume.session, progress)
-    try:
-        result = None
-        if prepared.remaining:
-            result = rollout_batch(
-                sampling_client,
-                tokenizer,
-                sandbox,
-                examples,
-                prepared.config,
-                step=seed_step,
-                progress=journal,
-                reward_timeout=reward_timeout,
-                reuse=prepared.reuse,
-                scorer=scorer,
-                checker=checker,
-            )
-        return _finish(output, prepared, journal, result)
-    finally:
-        journal.close()
+    resume = check_resumable(output, full)
+    return PreparedEvaluation(tuple(examples), config, output, full, resume, tools, seed_step)
 
 
 async def evaluate_async(
     sampling_client: Any,
     tokenizer: Any,
     sandbox: Any | None,
-    examples: Sequence[MathExample],
-    config: RolloutConfig,
+    evaluation: PreparedEvaluation,
     *,
-    n: int,
-    output: Path,
-    settings: Mapping[str, Any],
     progress: ProgressCallback | None = None,
-    seed_step: int = 0,
     reward_timeout: float = 5.0,
     scorer: Any | None = None,
     checker: Any | None = None,
 ) -> EvalSummary:
-    """:func:`evaluate` for callers inside an event loop."""
-    output = Path(output)
-    prepared = _prepare(
-        sampling_client, examples, config, n, output, settings, sandbox is not None, seed_step
-    )
-    journal = _Journal(output, prepared.resume.session, progress)
+    """Sample every problem of ``evaluation`` ``n`` times, write its file, return the summary.
+
+    ``sandbox`` is the tool mode's interpreter and ``None`` in text mode (as
+    prepared). ``progress`` receives the rollout's events (after each row is
+    written). ``reward_timeout``, ``scorer`` and ``checker`` go to the
+    rollout's scoring as in training. The header (and the kept rows of a
+    resumed file) are written once the sampler's context limit is known to fit.
+    """
+    if evaluation.tools != (sandbox is not None):
+        raise ValueError("a tool-mode evaluation needs a sandbox, a text-mode one sandbox=None")
+    config, output = evaluation.config, evaluation.output
+    check_context_limit(config, getattr(sampling_client, "max_context_tokens", None), "the sampler")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    kept = evaluation.resume.rows
+    with writing(output, "results file", then="nothing was written"):
+        write_atomic(output, [header_line(evaluation.settings), *(row_line(r) for r in kept)])
+    reuse = evaluation.reuse()
+    journal = _Journal(output, evaluation.resume.session, progress)
     try:
-        result = None
-        if prepared.remaining:
+        if len(reuse) < len(evaluation.examples):
             result = await rollout_batch_async(
                 sampling_client,
                 tokenizer,
                 sandbox,
-                examples,
-                prepared.config,
-                step=seed_step,
+                evaluation.examples,
+                config,
+                step=evaluation.seed_step,
                 progress=journal,
                 reward_timeout=reward_timeout,
-                reuse=prepared.reuse,
+                reuse=reuse,
                 scorer=scorer,
                 checker=checker,
             )
-        return _finish(output, prepared, journal, result)
+            # A question whose first prompt is too long sends no event; its rows come from here.
+            for trajectory in result.trajectories:
+                if trajectory.question_index not in reuse:
+                    journal.add(trajectory)
+        summary = summarize([*kept, *journal.rows], evaluation.n)
+        journal.finish(summary)
+        return summary
     finally:
         journal.close()
+
+
+evaluate = synchronous(evaluate_async)

@@ -25,7 +25,8 @@ How it is split, and why:
 * :mod:`retool.report.viewer` turns rollout records into viewer data in Python
   (selection, turn splitting, token decoding), where it is tested, and keeps
   the page small (a cap on steps, questions and decoded tokens).
-* :mod:`retool.report.page` renders one HTML file: inline CSS/JS, data URIs,
+* :mod:`retool.report.page` renders one HTML file: inline CSS/JS (from
+  ``assets/report.css`` and ``assets/report.js``, package data), data URIs,
   and no path for trajectory text into the page except escaped text and
   escaped JSON read with ``textContent``.
 

@@ -178,8 +178,8 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
     try:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise _not_eval(file, f"line {line} is not UTF-8 text") from None
+        bad = data.count(b"\n", 0, exc.start) + 1
+        raise _not_eval(file, f"line {bad} is not UTF-8 text") from None
     settings: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = []

@@ -2,7 +2,8 @@
 
 Design:
 
-* **Self-contained.** CSS and JavaScript are inline, plots are PNG data URIs,
+* **Self-contained.** CSS and JavaScript are inline (written from the package
+  files ``assets/report.css`` and ``assets/report.js``), plots are PNG data URIs,
   fonts are the system's. Nothing is fetched, so the file can be mailed,
   archived next to the run, or opened on a machine without network.
 * **No injection.** Text from the run (model output, observations, questions,
@@ -26,6 +27,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,14 @@ SUMMARY_KEYS = (
 )
 
 
+def _asset(name: str) -> str:
+    return (resources.files("retool.report") / "assets" / name).read_text(encoding="utf-8")
+
+
+# The page's style sheet and viewer script: package data files (assets/), so an editor
+# and a linter see CSS and JavaScript, and every report embeds the same text.
+CSS = _asset("report.css")
+JS = _asset("report.js")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
 
 
@@ -206,7 +216,8 @@ def render_page(
 <meta name=viewport content="width=device-width, initial-scale=1">
 <meta http-equiv=Content-Security-Policy content="{CSP}">
 <title>retool report: {esc(name)}</title>
-<style>{CSS}</style>
+<style>
+{CSS}</style>
 </head>
 <body>
 <header>
@@ -239,342 +250,8 @@ def render_page(
 </section>
 </main>
 <script type="application/json" id=viewer-data>{script_json(viewer)}</script>
-<script>{JS}</script>
+<script>
+{JS}</script>
 </body>
 </html>
-"""
-
-
-CSS = """
-:root { --fg:#1d2330; --muted:#6b7385; --line:#d9dde5; --bg:#f6f7f9; --card:#fff;
-  --loss:#c9f0d0; --loss-edge:#2e8b46; --noloss:#ffe3b0; --noloss-edge:#c07a00;
-  --ctx:#eceef2; --ctx-edge:#9aa1ad; --code:#0f1724; }
-* { box-sizing: border-box; }
-body { margin:0; font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;
-  color:var(--fg); background:var(--bg); }
-header { background:#1d2330; color:#fff; padding:14px 24px; position:sticky; top:0; z-index:5; }
-header h1 { margin:0; font-size:20px; }
-header .meta { margin:4px 0; color:#c9cfdb; font-size:12px; }
-header code { color:#fff; }
-nav a { color:#9cc4ff; margin-right:14px; font-size:13px; }
-main { padding:8px 24px 40px; max-width:1400px; margin:0 auto; }
-section { background:var(--card); border:1px solid var(--line); border-radius:8px;
-  padding:12px 18px; margin:14px 0; scroll-margin-top:90px; }
-h2 { font-size:17px; margin:4px 0 10px; }
-.muted { color:var(--muted); }
-.warn { color:#b35c00; }
-table.grid { border-collapse:collapse; font-size:13px; }
-table.grid th, table.grid td { border-bottom:1px solid var(--line); padding:4px 10px;
-  text-align:right; vertical-align:top; }
-table.grid th[scope=row], table.grid td.path { text-align:left; }
-table.grid th[scope=row] code { color:var(--muted); font-size:11px; margin-left:4px; }
-pre { white-space:pre-wrap; word-break:break-word; margin:0;
-  font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; }
-pre.config { max-height:22em; overflow:auto; background:var(--bg); padding:8px;
-  border-radius:6px; }
-.plots { display:grid; grid-template-columns:repeat(auto-fill,minmax(560px,1fr)); gap:12px; }
-figure { margin:0; }
-figure img { max-width:100%; border:1px solid var(--line); border-radius:6px; background:#fff; }
-figcaption { font-size:12px; margin-top:2px; }
-.controls { display:flex; flex-wrap:wrap; gap:10px; align-items:center; margin-bottom:8px; }
-.controls select { font-size:13px; padding:2px 4px; max-width:520px; }
-ul.notes { font-size:12px; color:var(--muted); margin:6px 0; padding-left:18px; }
-.question { background:var(--bg); border-radius:6px; padding:8px 12px; margin-bottom:10px; }
-.question h3 { margin:0 0 4px; font-size:14px; }
-table.members { margin-bottom:10px; }
-table.members tr { cursor:pointer; }
-table.members tr:hover td { background:#eef3ff; }
-details.member { border:1px solid var(--line); border-radius:8px; margin:10px 0; }
-details.member > summary { padding:6px 10px; background:var(--bg); border-radius:8px;
-  cursor:pointer; font-weight:600; }
-.badge { display:inline-block; font-weight:500; font-size:12px; padding:0 7px; margin-left:6px;
-  border-radius:10px; background:#e3e7ef; }
-.badge.good { background:#c9f0d0; } .badge.bad { background:#ffd5d5; }
-.turns { padding:6px 12px; }
-.turn { border-left:4px solid var(--ctx-edge); background:#fafbfc; margin:8px 0;
-  padding:6px 10px; border-radius:0 6px 6px 0; }
-.turn .label { font-size:11px; font-weight:700; text-transform:uppercase; letter-spacing:.04em;
-  color:var(--muted); margin-bottom:3px; }
-.turn-assistant.loss { border-left-color:var(--loss-edge); }
-.turn-assistant.noloss { border-left-color:var(--noloss-edge); }
-.turn-observation { background:#f3f6fb; }
-.turn-observation.failed { border-left-color:#c33; }
-pre.code { background:var(--code); color:#e6edf3; padding:8px; border-radius:6px; margin-top:6px; }
-pre.code::before { content:"code"; display:block; color:#8b95a7; font-size:10px; }
-.tokens { padding:4px 12px 10px; }
-.tokstream { font:12px/1.7 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
-  white-space:pre-wrap; word-break:break-word; max-height:40em; overflow:auto;
-  border:1px solid var(--line); border-radius:6px; padding:6px; }
-.tok { border-radius:2px; }
-.tok.loss { background:var(--loss); } .tok.loss.alt { background:#aee3b9; }
-.tok.noloss { background:var(--noloss); } .tok.noloss.alt { background:#ffd27f; }
-.tok.ctx { background:var(--ctx); color:#4a5060; } .tok.ctx.alt { background:#dfe2e8; }
-.legend .tok { padding:1px 5px; font-size:12px; }
-button.unfold { font-size:11px; margin:0 4px 2px 0; border:1px dashed var(--ctx-edge);
-  background:#fff; border-radius:4px; cursor:pointer; color:var(--muted); }
-"""
-
-JS = r"""
-(function () {
-  "use strict";
-  var DATA = JSON.parse(document.getElementById("viewer-data").textContent);
-  var stepSel = document.getElementById("step-select");
-  var questionSel = document.getElementById("question-select");
-  var output = document.getElementById("viewer-output");
-  var notes = document.getElementById("viewer-notes");
-
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) { node.className = cls; }
-    if (text !== undefined && text !== null) { node.textContent = String(text); }
-    return node;
-  }
-  function num(x, signed) {
-    if (typeof x !== "number" || !isFinite(x)) { return "-"; }
-    var s = (Math.round(x * 1000) / 1000).toString();
-    return signed && x > 0 ? "+" + s : s;
-  }
-  function yesno(x) { return x === true ? "\u2713" : x === false ? "\u2717" : "-"; }
-  function badge(parent, text, cls) {
-    parent.appendChild(el("span", "badge " + (cls || ""), text));
-  }
-  function findStep(n) {
-    for (var i = 0; i < DATA.steps.length; i++) {
-      if (DATA.steps[i].step === n) { return DATA.steps[i]; }
-    }
-    return null;
-  }
-  function findQuestion(step, slot) {
-    for (var i = 0; i < step.questions.length; i++) {
-      if (step.questions[i].slot === slot) { return step.questions[i]; }
-    }
-    return null;
-  }
-  function meanReward(q) {
-    var sum = 0, n = 0;
-    q.members.forEach(function (m) { if (typeof m.reward === "number") { sum += m.reward; n++; } });
-    return n ? sum / n : null;
-  }
-
-  function renderTurn(turn, member, index) {
-    var cls = "turn turn-" + turn.kind;
-    if (turn.kind === "assistant") { cls += member.trains ? " loss" : " noloss"; }
-    if (turn.kind === "observation" && turn.sandbox && turn.sandbox.ok === false) {
-      cls += " failed";
-    }
-    var box = el("div", cls);
-    box.setAttribute("data-kind", turn.kind);
-    var label = turn.kind === "system" ? "system prompt" : turn.kind;
-    if (turn.kind === "assistant") {
-      label = "assistant turn " + index.assistant;
-      if (turn.parse) { label += " \u00b7 " + turn.parse; }
-      if (turn.parseError) { label += " (" + turn.parseError + ")"; }
-    } else if (turn.kind === "observation") {
-      label = "observation " + index.observation + " (" + turn.role + " message)";
-      var sb = turn.sandbox;
-      if (sb) {
-        label += sb.ok ? " \u00b7 ok" : " \u00b7 " + (sb.error_kind || "failed");
-        if (typeof sb.latency_s === "number") { label += " \u00b7 " + num(sb.latency_s) + " s"; }
-        if (sb.truncated) { label += " \u00b7 truncated"; }
-        if (sb.shared) { label += " \u00b7 shared result"; }
-      }
-    }
-    box.appendChild(el("div", "label", label));
-    if (turn.kind === "system") {
-      var fold = el("details");
-      fold.appendChild(el("summary", "muted", "show (" + turn.text.length + " characters)"));
-      fold.appendChild(el("pre", "text", turn.text));
-      box.appendChild(fold);
-    } else {
-      if (turn.text) { box.appendChild(el("pre", "text", turn.text)); }
-      if (turn.code) { box.appendChild(el("pre", "code", turn.code)); }
-    }
-    return box;
-  }
-
-  function addPieces(container, cls, pieces, from, to) {
-    for (var i = from; i < to; i++) {
-      container.appendChild(el("span", cls + (i % 2 ? " alt" : ""), DATA.pieces[pieces[i]]));
-    }
-  }
-
-  function renderTokens(member) {
-    var wrap = el("details", "tokens");
-    wrap.open = true;
-    var stream = el("div", "tokstream");
-    var total = 0, lossTokens = 0;
-    member.segs.forEach(function (seg, index) {
-      var role = seg[0], loss = seg[1], pieces = DATA.segments[seg[2]] || [];
-      var cls = "tok " + (role === "assistant" ? (loss ? "loss" : "noloss") : "ctx");
-      var from = 0;
-      if (index === 0 && role === "context" && pieces.length > 48) {
-        from = pieces.length - 16;  // the long first prompt starts folded
-        var folded = el("span");
-        var button = el("button", "unfold", "\u2026 show the " + from + " earlier prompt tokens");
-        button.type = "button";
-        button.addEventListener("click", function () {
-          addPieces(folded, cls, pieces, 0, from);
-          button.remove();
-        });
-        stream.appendChild(button);
-        stream.appendChild(folded);
-      }
-      addPieces(stream, cls, pieces, from, pieces.length);
-      total += pieces.length;
-      if (loss) { lossTokens += pieces.length; }
-    });
-    wrap.appendChild(el("summary", "muted", "token view: " + total + " tokens, " + lossTokens +
-      " carry loss (decoded one by one with the run's tokenizer; shading alternates per token)"));
-    wrap.appendChild(stream);
-    return wrap;
-  }
-
-  function renderMember(member, open) {
-    var card = el("details", "member");
-    card.id = "member-" + member.g;
-    card.setAttribute("data-member", String(member.g));
-    card.open = open;
-    var head = el("summary", null, member.sft ? "conversation" : "member " + member.g);
-    if (!member.sft) {
-      var tone = member.reward > 0 ? "good" : member.reward < 0 ? "bad" : "";
-      badge(head, "reward " + num(member.reward, true), tone);
-      badge(head, "advantage " + num(member.advantage, true));
-      badge(head, "stop: " + member.stop);
-      badge(head, "correct " + yesno(member.correct), member.correct ? "good" : "");
-      badge(head, "format " + yesno(member.format));
-      badge(head, member.turnsCount + " turns, " + member.codeCalls + " code calls");
-      if (member.tokens && typeof member.tokens.total === "number") {
-        badge(head, member.tokens.total + " tokens");
-      }
-      if (member.answer !== null && member.answer !== undefined) {
-        badge(head, "answer: " + member.answer);
-      }
-    }
-    badge(head, member.trains ? "trains" : "no loss", member.trains ? "good" : "");
-    card.appendChild(head);
-    if (member.error) { card.appendChild(el("p", "warn", "error: " + member.error)); }
-    var turns = el("div", "turns");
-    var index = { assistant: 0, observation: 0 };
-    member.turns.forEach(function (turn) {
-      if (turn.kind === "assistant") { index.assistant++; }
-      if (turn.kind === "observation") { index.observation++; }
-      turns.appendChild(renderTurn(turn, member, index));
-    });
-    card.appendChild(turns);
-    if (member.segs) { card.appendChild(renderTokens(member)); }
-    return card;
-  }
-
-  function render(step, question, memberIndex) {
-    output.textContent = "";
-    var box = el("div", "question");
-    var dot = " \u00b7 ";
-    var title = "step " + step.step + dot + "question " + question.slot + dot + question.id;
-    box.appendChild(el("h3", null, title));
-    if (question.context && question.context.length) {  // the turns every member shares
-      question.context.forEach(function (turn) { box.appendChild(renderTurn(turn, null, null)); });
-    } else {
-      box.appendChild(el("pre", "text", question.question));
-    }
-    if (question.reference !== null && question.reference !== undefined) {
-      box.appendChild(el("div", "muted", "reference answer: " + question.reference));
-    }
-    output.appendChild(box);
-    if (!question.members[0].sft && question.members.length > 1) {
-      var table = el("table", "grid members");
-      var head = el("tr");
-      ["member", "reward", "advantage", "stop", "correct", "format", "turns", "code calls",
-       "tokens", "loss"].forEach(function (h) { head.appendChild(el("th", null, h)); });
-      table.appendChild(head);
-      question.members.forEach(function (m) {
-        var row = el("tr");
-        [m.g, num(m.reward, true), num(m.advantage, true), m.stop, yesno(m.correct),
-         yesno(m.format), m.turnsCount, m.codeCalls, m.tokens ? m.tokens.total : "-",
-         m.trains ? "yes" : "no"].forEach(function (v) {
-          row.appendChild(el("td", null, v === undefined || v === null ? "-" : v));
-        });
-        row.addEventListener("click", function () { select(step.step, question.slot, m.g, true); });
-        table.appendChild(row);
-      });
-      output.appendChild(table);
-    }
-    question.members.forEach(function (m, i) {
-      var open = memberIndex === null ? i < 4 : m.g === memberIndex;
-      output.appendChild(renderMember(m, open));
-    });
-    document.body.setAttribute("data-viewer", "step-" + step.step + "-question-" + question.slot);
-  }
-
-  function fillQuestions(step) {
-    questionSel.textContent = "";
-    step.questions.forEach(function (q) {
-      var label = "q" + q.slot + " \u00b7 " + q.id;
-      var mean = meanReward(q);
-      if (mean !== null) { label += " \u00b7 mean reward " + num(mean, true); }
-      var option = el("option", null, label);
-      option.value = String(q.slot);
-      questionSel.appendChild(option);
-    });
-  }
-
-  function select(stepNo, slot, member, scroll) {
-    var step = findStep(stepNo) || DATA.steps[DATA.steps.length - 1];
-    stepSel.value = String(step.step);
-    fillQuestions(step);
-    var question = findQuestion(step, slot) || step.questions[0];
-    if (!question) { output.textContent = "This step has no trajectories."; return; }
-    questionSel.value = String(question.slot);
-    render(step, question, member);
-    var hash = "#step=" + step.step + "&question=" + question.slot;
-    if (member !== null) { hash += "&member=" + member; }
-    try {
-      if (location.hash !== hash) { history.replaceState(null, "", hash); }
-    } catch (e) { /* some browsers refuse it for file: URLs; the fragment is a convenience */ }
-    if (scroll) {
-      var target = document.getElementById(member === null ? "viewer" : "member-" + member);
-      if (target) { target.scrollIntoView(); }
-    }
-  }
-
-  function fromHash(scroll) {
-    var params = {};
-    location.hash.replace(/^#/, "").split("&").forEach(function (pair) {
-      var kv = pair.split("=");
-      if (kv.length === 2) {
-        params[decodeURIComponent(kv[0])] = parseInt(decodeURIComponent(kv[1]), 10);
-      }
-    });
-    var hasTarget = !isNaN(params.step) || !isNaN(params.question);
-    var member = isNaN(params.member) || params.member === undefined ? null : params.member;
-    select(params.step, params.question, member, scroll && hasTarget);
-  }
-
-  DATA.notes.forEach(function (n) { notes.appendChild(el("li", null, n)); });
-  if (!DATA.steps.length) {
-    output.textContent = "No trajectories to show.";
-    stepSel.disabled = questionSel.disabled = true;
-    return;
-  }
-  DATA.steps.forEach(function (s) {
-    var option = el("option", null, "step " + s.step + " (" + s.questions.length + " questions)");
-    option.value = String(s.step);
-    stepSel.appendChild(option);
-  });
-  stepSel.addEventListener("change", function () {
-    select(parseInt(stepSel.value, 10), null, null, false);
-  });
-  questionSel.addEventListener("change", function () {
-    select(parseInt(stepSel.value, 10), parseInt(questionSel.value, 10), null, false);
-  });
-  function shift(delta) {
-    var i = questionSel.selectedIndex + delta;
-    if (i >= 0 && i < questionSel.options.length) {
-      select(parseInt(stepSel.value, 10), parseInt(questionSel.options[i].value, 10), null, false);
-    }
-  }
-  document.getElementById("prev-question").addEventListener("click", function () { shift(-1); });
-  document.getElementById("next-question").addEventListener("click", function () { shift(1); });
-  window.addEventListener("hashchange", function () { fromHash(true); });
-  fromHash(true);
-})();
 """

@@ -23,6 +23,7 @@ class RolloutCounters:
     sampler_failures: int = 0  # requests that failed every attempt
     sandbox_retries: int = 0  # sandbox calls repeated after an infrastructure failure
     sandbox_failures: int = 0  # calls that failed every attempt
+    sandbox_unreported: int = 0  # calls failing every attempt after delivery (not excluded)
     tool_executions: int = 0  # sandbox calls made, retries included
     shared_code_hits: int = 0  # tool calls answered from identical code of the group
     text_mismatches: int = 0  # sampler text differed from the decode of its tokens

@@ -29,6 +29,15 @@ a trajectory that still fails ends as ``sampler_error`` / ``sandbox_error``
 and is excluded. A traceback or timeout of the model's own code is an
 observation like any other output.
 
+Exclusion is a reward channel (an excluded -1 becomes 0), so a sandbox failure
+excludes only on evidence the code cannot produce: the sandbox saw that the
+code never ran (``ExecResult.delivered`` is False: not delivered, or the call's
+set-up failed before any code, as its init observed). When any attempt's code
+was delivered and may have run (a handler or server that died mid-call, which
+the code could have caused), every attempt failing is that trajectory's
+failure: it ends as ``sandbox_unreported``, is scored (no answer: -1) and
+trains like any other, and ``rollout/sandbox_unreported`` counts it.
+
 Nothing here knows which backend it talks to: the sampler is anything with
 ``sample_async(ModelInput, num_samples, SamplingParams)``, the sandbox
 anything with ``arun(code)`` returning an :class:`~retool.sandbox.ExecResult`.
@@ -53,6 +62,7 @@ from retool.rollout.advantages import assign_group_advantages
 from retool.rollout.budget import TurnPlan, fit_observation, plan_turn, wrapper_tokens
 from retool.rollout.result import RolloutCounters, RolloutResult
 from retool.rollout.seeds import FIRST_TURN_GROUP, sample_seed
+from retool.rollout.sync import synchronous
 from retool.rollout.types import (
     AssistantTurn,
     Observation,
@@ -62,8 +72,7 @@ from retool.rollout.types import (
     Trajectory,
 )
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
-from retool.types import ModelInput, SampledSequence, SamplingParams
-from retool.types import StopReason as SamplerStop
+from retool.types import ModelInput, SampledSequence, SamplerStop, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +247,11 @@ class _Batch:
 
     # -- tools -------------------------------------------------------------------
     async def _run_code(self, code: str, trajectory: Trajectory) -> tuple[ExecResult | None, int]:
+        """The result and the attempts made. ``None``: every attempt failed and the
+        sandbox saw the code never run (exclude); a ``SANDBOX`` result: every
+        attempt failed and one may have run (the trajectory's failure)."""
         attempts = 1 + self.config.sandbox_retries
+        may_have_run: ExecResult | None = None
         for attempt in range(attempts):
             if attempt:
                 self.counters.sandbox_retries += 1
@@ -256,9 +269,14 @@ class _Batch:
                 if result.error_kind != ErrorKind.SANDBOX:
                     return result, attempt + 1
                 trajectory.error = f"sandbox failure: {result.stderr.strip()[:200]}"
+                if result.delivered:
+                    may_have_run = result
             log.warning(
                 "sandbox call failed (attempt %d/%d): %s", attempt + 1, attempts, trajectory.error
             )
+        if may_have_run is not None:
+            self.counters.sandbox_unreported += 1
+            return may_have_run, attempts
         self.counters.sandbox_failures += 1
         return None, attempts
 
@@ -277,7 +295,7 @@ class _Batch:
             result, attempts = await asyncio.shield(task)
             return result, attempts, False
         result, _ = await asyncio.shield(task)
-        if result is None:  # the first run failed: do not share a failure
+        if result is None or result.error_kind == ErrorKind.SANDBOX:  # never share a failure
             result, attempts = await self._run_code(code, trajectory)
             return result, attempts, False
         self.counters.shared_code_hits += 1
@@ -458,6 +476,8 @@ class _Batch:
             result, attempts, shared = await self.execute(trajectory, parsed.code)
             if result is None:
                 return self.end(trajectory, StopReason.SANDBOX_ERROR)
+            if result.error_kind == ErrorKind.SANDBOX:  # it may have run: its own failure
+                return self.end(trajectory, StopReason.SANDBOX_UNREPORTED)
             content = format_tool_content(result, self.tool_timeout)
             fitted = await asyncio.to_thread(
                 fit_observation,
@@ -589,44 +609,5 @@ async def rollout_batch_async(
     return await batch.run()
 
 
-def rollout_batch(
-    sampling_client: Any,
-    tokenizer: Any,
-    sandbox: Any | None,
-    examples: Sequence[MathExample],
-    config: RolloutConfig,
-    *,
-    step: int = 0,
-    progress: ProgressCallback | None = None,
-    checker: EquivalenceChecker | None = None,
-    reward_timeout: float = 5.0,
-    context_limit: int | None = None,
-    reuse: Mapping[int, Sequence[Trajectory]] | None = None,
-    scorer: Scorer | None = None,
-) -> RolloutResult:
-    """:func:`rollout_batch_async` from synchronous code (runs its own event loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "rollout_batch() was called from a running event loop; "
-            "use `await rollout_batch_async(...)` there"
-        )
-    return asyncio.run(
-        rollout_batch_async(
-            sampling_client,
-            tokenizer,
-            sandbox,
-            examples,
-            config,
-            step=step,
-            progress=progress,
-            checker=checker,
-            reward_timeout=reward_timeout,
-            context_limit=context_limit,
-            reuse=reuse,
-            scorer=scorer,
-        )
-    )
+# The same for synchronous callers (the training loop, `retool rollout`).
+rollout_batch = synchronous(rollout_batch_async)

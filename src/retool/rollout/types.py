@@ -48,6 +48,9 @@ class StopReason(StrEnum):
     """The sampler kept failing after every retry: excluded from groups and training."""
     SANDBOX_ERROR = "sandbox_error"
     """The sandbox infrastructure kept failing after every retry: excluded."""
+    SANDBOX_UNREPORTED = "sandbox_unreported"
+    """Every attempt failed after the code was delivered (it may have run and caused
+    the failure): the trajectory's own failure, scored and trained, never excluded."""
 
 
 EXCLUDED_STOPS = frozenset(

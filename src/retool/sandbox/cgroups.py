@@ -8,6 +8,18 @@ session or namespace, and killing the instance's kills every call at once.
 The v1 memory controller charges kernel memory (slab, tmpfs, memfd) to the
 same counter as user memory, so one limit covers all of it.
 
+CPU (the v1 ``cpu`` controller): the instance's group has ``cpu.shares``
+``INSTANCE_CPU_SHARES`` (one nice-0 process: when the trainer and calls compete
+for a core, all calls together get at most half of it, never more than the
+trainer, however many processes they run; a lower weight starved calls into
+their timeouts on a loaded machine) and each
+call's group at most ``CALL_CPUS`` CPUs (``cpu.cfs_quota_us``) at an equal
+share among calls, whatever number of processes or sessions it starts (in a
+cpu cgroup other than the root, sessions are no autogroups). Where the
+controller is not writable, :func:`instance_group` says so and the call's
+nice value, single session and ``RLIMIT_CPU`` are what bound it (see
+``server._lower_priority``).
+
 Trusted code only: used by the server, its handlers and the reaper, never by
 a call.
 """
@@ -19,7 +31,10 @@ import os
 import signal
 import time
 
-_KEYS = ("v2", "memory", "pids")
+_KEYS = ("v2", "memory", "pids", "cpu")
+INSTANCE_CPU_SHARES = 1024  # all calls of an instance together weigh one nice-0 process
+CALL_CPUS = 1  # CPUs one call may use at most (its processes and threads together)
+_CFS_PERIOD_US = 100_000
 
 
 def _mounts() -> dict[str, str]:
@@ -34,7 +49,7 @@ def _mounts() -> dict[str, str]:
             if fstype == "cgroup2":
                 found.setdefault("v2", fields[4])
             elif fstype == "cgroup":
-                for key in ("memory", "pids"):
+                for key in ("memory", "pids", "cpu"):
                     if key in options:
                         found.setdefault(key, fields[4])
     return found
@@ -47,7 +62,7 @@ def _own_paths() -> dict[str, str]:
             hid, controllers, path = line.rstrip("\n").split(":", 2)
             if hid == "0" and not controllers:
                 own["v2"] = path
-            for key in ("memory", "pids"):
+            for key in ("memory", "pids", "cpu"):
                 if key in controllers.split(","):
                     own[key] = path
     return own
@@ -86,7 +101,15 @@ class Group:
             _write(os.path.join(dirs["pids"], "pids.max"), str(max_procs))
         if memory_bytes is not None:
             group.set_memory(memory_bytes)
+        if "cpu" in dirs:
+            _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(_CFS_PERIOD_US))
+            _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(CALL_CPUS * _CFS_PERIOD_US))
         return group
+
+    @property
+    def cpu_bounded(self) -> bool:
+        """Whether calls' CPU is bounded by a cgroup (shares and quota)."""
+        return "cpu" in self.dirs
 
     def set_memory(self, memory_bytes: int) -> None:
         if "memory" in self.dirs:
@@ -166,11 +189,11 @@ class Group:
             time.sleep(0.01)
 
 
-def instance_group(name: str) -> tuple[Group | None, list[str]]:
+def instance_group(name: str, skip: tuple[str, ...] = ()) -> tuple[Group | None, list[str]]:
     """Create this instance's group below the caller's own cgroups.
 
     Returns the group (None if no hierarchy is writable) and what
-    is missing.
+    is missing. ``skip``: hierarchies left out (for measuring their cost).
     """
     missing: list[str] = []
     dirs: dict[str, str] = {}
@@ -179,6 +202,9 @@ def instance_group(name: str) -> tuple[Group | None, list[str]]:
     except OSError as exc:
         return None, [f"cgroups ({exc.strerror})"]
     for key in _KEYS:
+        if key in skip:
+            missing.append(f"cgroup {key} (disabled)")
+            continue
         if key not in mounts or key not in own:
             missing.append(f"cgroup {key} hierarchy (not mounted)")
             continue
@@ -188,6 +214,13 @@ def instance_group(name: str) -> tuple[Group | None, list[str]]:
         except OSError as exc:
             missing.append(f"cgroup {key} ({exc.strerror})")
             continue
+        if key == "cpu":
+            try:
+                _write(os.path.join(directory, "cpu.shares"), str(INSTANCE_CPU_SHARES))
+            except OSError as exc:
+                os.rmdir(directory)
+                missing.append(f"cgroup cpu ({exc.strerror})")
+                continue
         dirs[key] = directory
     if not dirs:
         return None, missing

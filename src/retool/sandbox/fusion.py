@@ -44,9 +44,9 @@ is cut to the tail of ``max_output_bytes`` and sanitized as locally. What
 differs is the service's: its interpreter and packages (nothing is
 preloaded, so ``import sympy`` counts against the timeout), its isolation
 (reported as ``"remote"``, never checked by us), what ``memory_limit_MB``
-bounds there, and memory kills, which are inferred from the exit status
-(SIGKILL, also as shell status 137) since no cgroup counter is visible from
-here.
+bounds there, and memory kills, which are never inferred: no cgroup counter
+is visible from here, and an exit status (137, or SIGKILL) is the code's to
+choose, so it is an error naming its status (a crash for fault signals).
 
 **Retries on transport failures only**, with exponential backoff and jitter:
 a refused or dropped connection, an HTTP 5xx, or a ``SandboxError`` reply.
@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http.client
 import json
 import logging
@@ -89,7 +90,7 @@ from retool.sandbox.limits import (
     screen_code,
 )
 from retool.sandbox.local import sandbox_env
-from retool.sandbox.result import ErrorKind, ExecResult
+from retool.sandbox.result import ErrorKind, ExecResult, signal_kind
 from retool.sandbox.server import MAX_FILE_BYTES
 from retool.sandbox.stats import SandboxStats
 
@@ -101,7 +102,6 @@ _MAX_ENVELOPE_BYTES = 1 << 20  # a reply's JSON but the long strings' contents
 _MAX_ERROR_BYTES = 1 << 16  # read of a non-200 reply's body
 MAX_REQUEST_RETRIES = 100  # retries of one call (more against a down service is a hang)
 _MAX_BACKOFF_S = 30.0  # longest wait before a retry, whatever request_backoff says
-_SIGNALS = {9: ErrorKind.MEMORY, 24: ErrorKind.TIMEOUT, 25: ErrorKind.OUTPUT}  # as LocalSandbox
 
 # What the local sandbox sets for every call that matters on another machine too: one
 # thread per numeric library, a headless matplotlib.
@@ -509,7 +509,16 @@ class FusionSandbox:
     # -- results ----------------------------------------------------------------
     def _failure(self, why: str, latency: float) -> ExecResult:
         return ExecResult(
-            False, "", why, None, False, latency, False, ErrorKind.SANDBOX, isolation=ISOLATION
+            False,
+            "",
+            why,
+            None,
+            False,
+            latency,
+            False,
+            ErrorKind.SANDBOX,
+            isolation=ISOLATION,
+            delivered=False,  # a transport failure; replies that may follow a run say so
         )
 
     def _tail(self, text: Any) -> tuple[str, bool, int]:
@@ -531,11 +540,12 @@ class FusionSandbox:
         """The result, classified like the local sandbox's from what the service reports."""
         run = reply.get("run_result")
         if reply["status"] not in ("Success", "Failed") or not isinstance(run, dict):
-            return self._failure(
+            failure = self._failure(
                 f"SandboxFusion reply without a run result (status {reply['status']!r}): "
                 f"{_excerpt(reply.get('message'))}",
                 latency,
             )
+            return dataclasses.replace(failure, delivered=True)  # the code may have run
         stdout, out_cut, out_size = self._tail(run.get("stdout"))
         stderr, err_cut, err_size = self._tail(run.get("stderr"))
         code = run.get("return_code")
@@ -543,18 +553,19 @@ class FusionSandbox:
         if run.get("status") == "TimeLimitExceeded":
             kind, code = ErrorKind.TIMEOUT, -9
         elif run.get("status") != "Finished" or not isinstance(code, int):
-            return self._failure(
+            failure = self._failure(
                 f"SandboxFusion run status {run.get('status')!r}, return code {code!r}", latency
             )
+            return dataclasses.replace(failure, delivered=True)  # the code may have run
         elif max(out_size, err_size) >= MAX_FILE_BYTES:
             kind = ErrorKind.OUTPUT  # past the local file cap; there the write would have failed
         elif code == 0:
             kind = None
-        elif code < 0 or 128 < code <= 128 + 64:  # a signal, seen directly or through a shell
-            code = code if code < 0 else -(code - 128)
-            kind = _SIGNALS.get(-code, ErrorKind.CRASH)
         else:
-            kind = ErrorKind.ERROR
+            # The service's exit status is the code's to choose (``sys.exit(137)``,
+            # a signal sent to itself): an error (a crash for fault signals), never
+            # memory or timeout, which only the service's own status may say.
+            kind = signal_kind(code)
         return ExecResult(
             ok=kind is None,
             stdout=stdout,

@@ -45,12 +45,13 @@ from retool.sandbox.limits import (
     check_module_names,
     screen_code,
 )
-from retool.sandbox.result import ErrorKind, ExecResult
+from retool.sandbox.result import ErrorKind, ExecResult, signal_kind
 from retool.sandbox.server import recv_frame, send_frame
 from retool.sandbox.stats import SandboxStats
 
 log = logging.getLogger(__name__)
 
+_NOT_DELIVERED = "could not deliver the code to the sandbox"
 DEFAULT_PRELOAD = ("math", "itertools", "fractions", "numpy", "sympy")
 # The only variables model code sees. Thread caps keep one call on one core.
 _THREAD_CAPS = (
@@ -225,6 +226,8 @@ class LocalSandbox:
         self.stats = SandboxStats()
         self.missing: list[str] = []  # what keeps this machine from full isolation
         self.preloaded: list[str] = []
+        self.layers: list[str] = []  # what holds here, one line per layer (``check``)
+        self.cpu_isolation = ""  # how a call's CPU is bounded: cgroup or fallback
         self.isolation_level = IsolationLevel.BASIC
         self._slots = threading.BoundedSemaphore(self.max_workers)
         self._idle: queue.SimpleQueue[tuple[int, socket.socket]] = queue.SimpleQueue()
@@ -287,6 +290,7 @@ class LocalSandbox:
         self.layers = list(ready.get("layers", []))  # what isolates each call, one line each
         self.preloaded = list(ready["preloaded"])
         self._cgroup = ready.get("cgroup")
+        self.cpu_isolation = next((x for x in self.layers if x.startswith("cpu: ")), "")
         if self.isolation == "strict" and level != IsolationLevel.FULL:
             self._stop_server()
             raise SandboxError(
@@ -457,7 +461,7 @@ class LocalSandbox:
                     conn.close()  # not delivered (a dead handler): one more connection
                     if attempt == 0:
                         continue
-                    failure = "could not deliver the code to the sandbox"
+                    failure = _NOT_DELIVERED
                     break
                 try:
                     reply = recv_frame(conn)
@@ -522,10 +526,14 @@ class LocalSandbox:
                 ErrorKind.SANDBOX,
                 isolation=level,
                 degraded=degraded,
+                # Sent, the code may have run, and the call may be what broke the
+                # handler: only a delivery that failed proves it did not run.
+                delivered=failure != _NOT_DELIVERED,
             )
         stdout = sanitize_observation(reply["stdout"])
         stderr = sanitize_observation(reply["stderr"])
         code, timed_out = reply["returncode"], bool(reply["timed_out"])
+        delivered = True
         kind: ErrorKind | None
         if timed_out:
             kind = ErrorKind.TIMEOUT
@@ -535,6 +543,7 @@ class LocalSandbox:
             detail = (reply["stderr"].strip().splitlines() or ["no detail"])[-1]
             log.warning("sandbox call set-up failed: %s", detail)
             stdout, stderr = "", "the sandbox could not set up this call; the code did not run"
+            delivered = False  # the init's own observation, out of the call's reach
         elif reply.get("oom_killed"):
             kind = ErrorKind.MEMORY
         elif code == 0:
@@ -543,23 +552,23 @@ class LocalSandbox:
             kind = ErrorKind.OUTPUT  # Python ignores SIGXFSZ: the write fails with EFBIG
         elif code is None:
             kind = ErrorKind.CRASH  # its init was killed before it could report
-        elif code < 0:
-            kind = {-25: ErrorKind.OUTPUT, -24: ErrorKind.TIMEOUT, -9: ErrorKind.MEMORY}.get(
-                code, ErrorKind.CRASH
-            )
         else:
-            kind = ErrorKind.ERROR
+            # A signal the supervisor did not send is the code's own doing: SIGKILL,
+            # SIGXCPU or SIGXFSZ sent to itself are an error naming the signal, never
+            # memory, timeout or output (those come from the facts above only).
+            kind = signal_kind(code)
         return ExecResult(
             ok=kind is None,
             stdout=stdout,
             stderr=stderr,
             returncode=code,
-            timed_out=timed_out or kind == ErrorKind.TIMEOUT,
+            timed_out=timed_out,
             latency_s=latency,
             truncated=bool(reply["truncated"]),
             error_kind=kind,
             isolation=level,
             degraded=degraded,
+            delivered=delivered,
         )
 
     # -- lifecycle ------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -20,9 +21,35 @@ class ErrorKind(StrEnum):
     OUTPUT = "output"
     """The output file limit was hit (the process was stopped writing)."""
     CRASH = "crash"
-    """The interpreter died from a signal (segfault, abort...)."""
+    """The interpreter died from a fault signal (segfault, abort, bus error,
+    illegal instruction...), or its init died before reporting."""
     SANDBOX = "sandbox"
-    """The sandbox itself failed; the code may not have run."""
+    """The sandbox itself failed; ``ExecResult.delivered`` says whether the code
+    may have run."""
+
+
+# Signals of a faulting program: a crash. Any other signal the supervisor did not
+# send (SIGKILL, SIGXCPU, SIGXFSZ, SIGTERM...) is the code's own error.
+CRASH_SIGNALS = frozenset({4, 5, 6, 7, 8, 11, 31})  # ILL, TRAP, ABRT, BUS, FPE, SEGV, SYS
+
+
+def signal_kind(returncode: int) -> ErrorKind:
+    """The kind of a non-zero exit status no supervisor fact explains.
+
+    Never ``memory``, ``timeout`` or ``output``: those come only from the
+    supervisor's timer, the cgroup's OOM counter and the size of what was
+    written, since a call can send itself any signal or exit with any status.
+    """
+    if returncode < 0 and -returncode in CRASH_SIGNALS:
+        return ErrorKind.CRASH
+    return ErrorKind.ERROR
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass(frozen=True)
@@ -39,6 +66,10 @@ class ExecResult:
     error_kind: ErrorKind | None = None  # why it failed, None when ok
     isolation: str = ""  # the level this call ran at ("full" or "basic")
     degraded: bool = False  # True when that is below full isolation
+    # False only when the supervisor itself saw that the code never ran (not
+    # delivered, or the call's set-up failed first): only such a SANDBOX result may
+    # exclude a trajectory (see retool.rollout.scheduler).
+    delivered: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,5 +99,10 @@ def format_tool_content(result: ExecResult, timeout: float | None = None) -> str
         ).lstrip()
     if result.error_kind == ErrorKind.SANDBOX:
         return f"Error: the sandbox could not run this code ({result.stderr.strip()})."
-    text = result.stderr.strip() or f"Error: exit status {result.returncode}"
+    code = result.returncode
+    if code is not None and code < 0:
+        killed = f"Error: the process was killed by {signal_name(-code)} (signal {-code})."
+        text = (result.stderr.strip() + "\n" + killed).strip()
+    else:
+        text = result.stderr.strip() or f"Error: exit status {code}"
     return (note + (result.stdout + "\n" if result.stdout.strip() else "") + text).strip()

@@ -76,6 +76,8 @@ TMPFS_INODES = 4096  # files a call may create in its /tmp and /dev/shm
 PREPARE_AHEAD = 3  # calls each handler keeps prepared (or being prepared) ahead
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_STATUS = 70  # C's exit status when its set-up failed (a fact only with ready=0)
+CALL_NICE = 10  # a call's nice value above the trainer's (at most 19): never ahead of it
+_PIN = True  # the address-space pin (off only to measure what it saves: --disable pin)
 
 
 # -- framing -------------------------------------------------------------------
@@ -309,6 +311,29 @@ def _apply_limits(request: dict[str, Any], own_uid: bool) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCS, MAX_PROCS))
 
 
+def _lower_priority(nice: int) -> None:
+    """Make the call never more important than the trainer, for good.
+
+    SCHED_OTHER whatever policy the trainer (and so the server) runs under, a
+    nice value ``nice`` (the trainer's plus ``CALL_NICE``), RLIMIT_NICE and
+    RLIMIT_RTPRIO 0 so that neither can be raised back by an unprivileged uid
+    (or root without capabilities). Against the trainer, what counts is the
+    entity the call is scheduled in: its cpu cgroup (see :mod:`.cgroups`) or,
+    without one, the server's session autogroup, which all calls share and
+    which weighs one nice-0 process like the trainer's own session (a nice-19
+    autogroup starved calls into 270 ms for ``print`` on a loaded machine).
+    Off the critical path: runs while the call is prepared.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(limit, (0, 0))
+
+
 def _reseed() -> None:
     import random
 
@@ -334,6 +359,7 @@ class CallSpec:
     seccomp: bytes | None = None  # the BPF program, built once per zygote
     landlock_abi: int = 0  # basic level: confine the call with Landlock (0: off)
     off: frozenset[str] = frozenset()  # layers left out (benchmarks only)
+    nice: int = 19  # the call's nice value (the trainer's plus CALL_NICE)
 
 
 def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int) -> None:
@@ -341,7 +367,12 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
     status = SANDBOX_STATUS
     parent = os.getppid()
     try:
-        os.setsid()  # its own process group and session, away from B's
+        # A process group of its own, away from B's; but the server's session: without
+        # a cpu cgroup a session is a scheduler autogroup, as heavy as the trainer's,
+        # so all calls of a sandbox share one (new sessions are a no-op for the code).
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # B has SIG_DFL
+        _lower_priority(spec.nice)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -369,10 +400,6 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
             )
         if spec.seccomp is not None:
             seccomp.install(spec.seccomp)
-        if not spec.fresh and (spec.level == FULL or spec.group is not None):
-            # Before the code arrives (off the critical path); something kills it.
-            with contextlib.suppress(OSError):
-                linux.pin_address_space()
         with os.fdopen(code_r, "rb") as handle:
             raw = handle.read()
         if not raw:
@@ -400,6 +427,14 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
             )
         os.write(ready_w, b"1")  # set-up done: from here on, only the code runs
         os.close(ready_w)
+        if _PIN and not spec.fresh and (spec.level == FULL or spec.group is not None):
+            # The pin shares our memory, so the code can steer it: it is created only
+            # now, with every limit, the seccomp filter and uid of the call already in
+            # force and no descriptor but stdio (code_r and ready_w are closed), so it
+            # can do nothing the call itself could not. Something kills it (cgroup,
+            # PID namespace).
+            with contextlib.suppress(OSError):
+                linux.pin_address_space()
         _reseed()
         status = run_code(request["code"], add_autoprint) & 0xFF
     except BaseException:
@@ -440,6 +475,30 @@ def _unshare_call_namespaces(off: frozenset[str]) -> None:
     linux.sethostname(HOSTNAME)
 
 
+def _out_of_reach() -> None:
+    """Put B (the call's init) out of its call's reach, on every trainer.
+
+    Under a non-root trainer B and C share a uid, so by uid alone C could open
+    ``/proc/<B>/fd`` (drain the set-up byte: "the code did not run"), write
+    ``/proc/<B>/mem`` or signal B. Non-dumpable, B's ``/proc`` entries and
+    memory need ``CAP_SYS_PTRACE``, which the call never has (C inherits the flag;
+    the call's own processes are no one else's way in). Every signal is at its
+    default disposition: as PID 1 of its namespace (full level) B then receives
+    no signal from inside the namespace at all, not even SIGKILL; Python's SIGINT
+    handler would otherwise let the call stop B with a KeyboardInterrupt. At the
+    basic level B is out of reach by uid when the trainer is root, and by
+    Landlock's signal scope (ABI 6) otherwise, which ``missing`` reports.
+    """
+    linux.prctl(linux.PR_SET_DUMPABLE, 0)
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):  # SIG_IGN stays: C relies on it
+                signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server ignores it; B waits for C
+
+
 def _child_b(
     spec: CallSpec, code_r: int, done_w: int, out_fd: int, err_fd: int
 ) -> None:  # pragma: no cover - runs in a forked child
@@ -452,10 +511,14 @@ def _child_b(
     """
     try:
         _close_all_except(code_r, done_w, out_fd, err_fd, 0, 1, 2)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _out_of_reach()
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if spec.level == FULL:  # PID 1 already; the rest of the namespaces now
             _unshare_call_namespaces(spec.off)
+        # A trainer under a real-time policy passes it to the server and so to B:
+        # never to a call (and a cpu cgroup without real-time runtime refuses it).
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         if spec.group is not None:
             spec.group.enter()
         if spec.level == FULL and "cgroupns" not in spec.off:
@@ -481,8 +544,8 @@ def _child_b(
         for fd in (code_r, out_fd, err_fd):
             os.close(fd)
         _, status = os.waitpid(pid_c, 0)
-        # Read after the exit (no wake-up mid-call), without blocking: C's pin
-        # may still hold a copy of the write end.
+        # Read after the exit (no wake-up mid-call), without blocking: an empty
+        # pipe means set-up never finished.
         os.set_blocking(ready_r, False)
         try:
             ready = os.read(ready_r, 1) == b"1"
@@ -548,6 +611,8 @@ class Zygote:
         self.new_root = os.path.join(workdir, "root")
         self.binds = tuple(readonly_paths())
         self.masks = tuple(masked_paths())
+        # The server's nice value is the trainer's (inherited): calls stay below it.
+        self.nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + CALL_NICE)
 
     def uid_for(self, counter: int) -> int | None:
         """A uid of its own for each call in flight, in this instance's block."""
@@ -587,6 +652,7 @@ class Zygote:
             self.seccomp_program,
             self.landlock_abi if self.level == BASIC else 0,
             self.off,
+            self.nice,
         )
         code_r, code_w = os.pipe()
         done_r, done_w = os.pipe()
@@ -819,17 +885,22 @@ def _unlink(path: str) -> None:
 
 
 def _tail(path: str, cap: int) -> tuple[str, bool, int]:
-    """(the last ``cap`` bytes of a file decoded with replacement, cut, its size).
+    """(the last ``cap`` bytes of a file decoded with replacement, cut, the bytes
+    really written).
 
-    The cleaner thread deletes the file, after the reply."""
+    The last is what the file holds on disk, not its length: a call can seek to
+    the file cap's last byte and write one byte there, a length at the cap with
+    nothing written; the allocated blocks (never more than the length) are what
+    it wrote. The cleaner thread deletes the file, after the reply."""
     try:
         with open(path, "rb") as handle:
+            facts = os.fstat(handle.fileno())
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - cap))
             data = handle.read(cap)
     except FileNotFoundError:
         return "", False, 0
-    return data.decode("utf-8", errors="replace"), size > cap, size
+    return data.decode("utf-8", errors="replace"), size > cap, min(size, facts.st_blocks * 512)
 
 
 def kill_uid(uid: int) -> None:
@@ -1072,6 +1143,36 @@ def probe_full(
     return None
 
 
+def _round3_layers(group: cgroups.Group | None, level: str, real_root: bool) -> list[str]:
+    """What holds the call's CPU, init, helpers and verdicts here (for ``check``)."""
+    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + CALL_NICE)
+    if group is not None and group.cpu_bounded:
+        cpu = (
+            f"cpu: cgroup (all calls weigh one nice-0 process, cpu.shares "
+            f"{cgroups.INSTANCE_CPU_SHARES}; each call at most {cgroups.CALL_CPUS} CPU); "
+            f"SCHED_OTHER, nice {nice}"
+        )
+    else:
+        cpu = (
+            f"cpu: fallback (no cpu cgroup): SCHED_OTHER, nice {nice}, all calls in the "
+            "server's session (one autogroup, one nice-0 process's weight), RLIMIT_CPU, "
+            "the process cap"
+        )
+    if level == FULL:
+        reach = "PID 1 of its namespace (no signal from the call)"
+    elif real_root:
+        reach = "another uid than its call"
+    else:
+        reach = "Landlock's signal scope"
+    return [
+        cpu,
+        f"init: non-dumpable (no /proc/<pid>/fd or mem for the call), {reach}",
+        "helpers: the address-space pin starts after every limit, with stdio only",
+        "verdicts: timeout, memory and output only from the timer, the OOM counter "
+        "and the output's allocated size",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="retool.sandbox.server")
     parser.add_argument("--dir", required=True)
@@ -1094,7 +1195,11 @@ def main(argv: list[str] | None = None) -> None:
     real_root = os.geteuid() == 0
     missing: list[str] = []
     uid_base, _uid_lock = claim_uid_block(workdir) if real_root else (0, None)
-    group, group_missing = cgroups.instance_group(f"retool-sandbox-{os.getpid()}")
+    global _PIN
+    _PIN = "pin" not in disabled
+    group, group_missing = cgroups.instance_group(
+        f"retool-sandbox-{os.getpid()}", skip=("cpu",) if "cpu" in disabled else ()
+    )
     if "cgroups" in disabled and group is not None:
         group.remove()
         group, group_missing = None, ["disabled"]
@@ -1154,6 +1259,12 @@ def main(argv: list[str] | None = None) -> None:
     landlock_abi = landlock.abi_version() if "landlock" not in disabled else 0
     if level == BASIC and landlock_abi == 0:
         missing.append("Landlock (the call sees the host filesystem as its uid may)")
+    if level == BASIC and not real_root and landlock_abi < 6:
+        missing.append(
+            "the call's init out of its reach (a non-root trainer's call shares its uid "
+            "and can signal it without Landlock's signal scope, ABI 6)"
+        )
+    layers = _round3_layers(group, level, real_root)
     preloaded: list[str] = []
     fresh = True
     for name in filter(None, args.preload.split(",")):
@@ -1189,6 +1300,7 @@ def main(argv: list[str] | None = None) -> None:
         "pid": os.getpid(),
         "cgroup": None if group is None else group.dirs,
     }
+    ready["layers"] = [*ready["layers"], *layers]  # and the round-three CPU/init/verdicts
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     null = os.open(os.devnull, os.O_RDWR)

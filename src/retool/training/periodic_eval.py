@@ -16,7 +16,7 @@ from typing import Any
 
 from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
-from retool.evaluation import evaluate, load_eval_examples, load_results
+from retool.evaluation import evaluate, load_eval_examples, load_results, prepare_evaluation
 from retool.reward import Scorer, default_checker
 from retool.training.faults import crash_point
 from retool.training.session import Session
@@ -52,10 +52,7 @@ class PeriodicEval:
         crash_point("eval", step)  # the disk-full test fills the disk here
         sampler = session.trainer.save_weights_and_get_sampling_client()
         try:
-            summary = evaluate(
-                sampler,
-                session.trainer.get_tokenizer(),
-                self.sandbox,
+            evaluation = prepare_evaluation(
                 self.examples,
                 self.config.rollout,
                 n=cfg.eval_n,
@@ -65,6 +62,13 @@ class PeriodicEval:
                     "checkpoint_step": step,
                     "dataset": self.dataset,
                 },
+                tools=self.sandbox is not None,
+            )
+            summary = evaluate(
+                sampler,
+                session.trainer.get_tokenizer(),
+                self.sandbox,
+                evaluation,
                 progress=lambda event: session.display.advance(event.count),
                 reward_timeout=self.config.reward.timeout,
                 scorer=self.scorer,

@@ -32,10 +32,10 @@ from retool.types import (  # noqa: E402
     AdamParams,
     Datum,
     ModelInput,
+    SamplerStop,
     SamplingClient,
     SamplingParams,
     ServiceClient,
-    StopReason,
     TensorData,
     TrainingClient,
 )
@@ -170,7 +170,7 @@ def test_pytrio_responses_convert_into_ours():
         ]
     )
     ours = sampler._response(response, SamplingParams(max_tokens=3))
-    assert [s.stop_reason for s in ours.sequences] == [StopReason.STOP, StopReason.LENGTH]
+    assert [s.stop_reason for s in ours.sequences] == [SamplerStop.STOP, SamplerStop.LENGTH]
     assert ours.sequences[0].tokens == (7, 1) and ours.sequences[0].logprobs == (-1.0, -0.5)
     assert ours.sequences[0].text == "w7" and ours.sequences[1].text is None
 
@@ -245,7 +245,7 @@ def test_round_trip_through_the_sdk_against_a_fake_service(fake_pytrio, tmp_path
     expected = Policy.sample([5, 6, 7], 3, 6, 4)
     assert [list(s.tokens) for s in response.sequences] == [e[0] for e in expected]
     assert [s.logprobs for s in response.sequences] == [pytest.approx(e[1]) for e in expected]
-    stops = [StopReason.STOP if e[2] else StopReason.LENGTH for e in expected]
+    stops = [SamplerStop.STOP if e[2] else SamplerStop.LENGTH for e in expected]
     assert [s.stop_reason for s in response.sequences] == stops
     again = sampler.sample(ModelInput.from_ints([5, 6, 7]), 1, params).result()
     assert again.sequences[0].tokens == response.sequences[0].tokens

@@ -12,7 +12,7 @@ import pytest
 from retool.backends import remote
 from retool.config import ModelConfig
 from retool.errors import BackendError, ConfigError
-from retool.types import Datum, ModelInput, StopReason, TensorData
+from retool.types import Datum, ModelInput, SamplerStop, TensorData
 
 
 def policy_datum(targets, old, advantages, **extra) -> Datum:
@@ -84,13 +84,13 @@ def test_a_long_multiline_sdk_message_becomes_one_bounded_line():
 @pytest.mark.parametrize(
     ("raw", "count", "expected"),
     [
-        ("stop", 3, StopReason.STOP),  # tinker and pytrio
-        ("length", 8, StopReason.LENGTH),
-        ("eos", 3, StopReason.STOP),
-        ("max_tokens", 8, StopReason.LENGTH),
-        ("", 8, StopReason.LENGTH),  # pytrio's default: read from the length
-        ("", 3, StopReason.STOP),
-        (None, 3, StopReason.STOP),
+        ("stop", 3, SamplerStop.STOP),  # tinker and pytrio
+        ("length", 8, SamplerStop.LENGTH),
+        ("eos", 3, SamplerStop.STOP),
+        ("max_tokens", 8, SamplerStop.LENGTH),
+        ("", 8, SamplerStop.LENGTH),  # pytrio's default: read from the length
+        ("", 3, SamplerStop.STOP),
+        (None, 3, SamplerStop.STOP),
     ],
 )
 def test_stop_reasons_map_to_ours(raw, count, expected):

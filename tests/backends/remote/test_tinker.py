@@ -31,7 +31,7 @@ from retool.backends.tinker import (  # noqa: E402
 )
 from retool.config import ModelConfig  # noqa: E402
 from retool.errors import BackendError, ConfigError, DependencyError  # noqa: E402
-from retool.types import AdamParams, ModelInput, SamplingParams, StopReason  # noqa: E402
+from retool.types import AdamParams, ModelInput, SamplerStop, SamplingParams  # noqa: E402
 from tests.backends.remote.fakes import EOS, Policy  # noqa: E402
 from tests.backends.remote.test_pytrio import (  # noqa: E402
     CLIP,
@@ -117,7 +117,7 @@ def test_tinker_responses_convert_into_ours(tokenizer_dir):
         ]
     )
     ours = sampler._response(response, SamplingParams(max_tokens=3))
-    assert [s.stop_reason for s in ours.sequences] == [StopReason.STOP, StopReason.LENGTH]
+    assert [s.stop_reason for s in ours.sequences] == [SamplerStop.STOP, SamplerStop.LENGTH]
     # No text from Tinker: decoded here as the rollout decodes (special tokens skipped).
     assert ours.sequences[0].text == tokenizer.decode([7, 8, EOS], skip_special_tokens=True)
     assert ours.sequences[0].text == "w7 w8"
@@ -184,7 +184,7 @@ def test_round_trip_through_the_sdk_against_a_fake_service(fake_tinker, tmp_path
         assert [list(s.tokens) for s in response.sequences] == [e[0] for e in expected]
         texts = [" ".join(f"w{t}" for t in e[0] if t != EOS) for e in expected]
         assert [s.text for s in response.sequences] == texts
-        stops = [StopReason.STOP if e[2] else StopReason.LENGTH for e in expected]
+        stops = [SamplerStop.STOP if e[2] else SamplerStop.LENGTH for e in expected]
         assert [s.stop_reason for s in response.sequences] == stops
         assert sampler.sample(ModelInput.from_ints([5, 6, 7]), 1, params).result().sequences
         assert sampler.compute_logprobs(ModelInput.from_ints([5, 6, 7])).result() == [

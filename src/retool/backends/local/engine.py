@@ -73,7 +73,7 @@ from retool.backends.local.kv import (
     rebuild_batch,
 )
 from retool.backends.local.threads import mark_compute_thread
-from retool.types import SampledSequence, SampleResponse, SamplingParams, StopReason
+from retool.types import SampledSequence, SampleResponse, SamplerStop, SamplingParams
 
 _SEED_STRIDE = 1_000_003
 _SPARE = 256  # cache slots allocated ahead of need (doubling beyond that)
@@ -117,7 +117,7 @@ class _Row:
     max_tokens: int = 1
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finished: StopReason | None = None
+    finished: SamplerStop | None = None
 
 
 class SamplingEngine:
@@ -441,9 +441,9 @@ class SamplingEngine:
             row.logprobs.append(logprob)
             row.tokens.append(token)
             if token in row.stop_ids or (row.stop_strings and self._hit_stop_string(row)):
-                row.finished = StopReason.STOP
+                row.finished = SamplerStop.STOP
             elif len(row.generated) >= row.max_tokens:
-                row.finished = StopReason.LENGTH
+                row.finished = SamplerStop.LENGTH
 
     def _hit_stop_string(self, row: _Row) -> bool:
         window = max(len(s) for s in row.stop_strings) + 2  # every token holds >= 1 char
@@ -458,7 +458,7 @@ class SamplingEngine:
             tokens=tuple(row.generated),
             logprobs=tuple(row.logprobs),
             text=self.tokenizer.decode(row.generated, skip_special_tokens=True),
-            stop_reason=row.finished or StopReason.LENGTH,
+            stop_reason=row.finished or SamplerStop.LENGTH,
         )
         request.remaining -= 1
         if request.remaining == 0 and not request.future.done():
