@@ -40,8 +40,11 @@ _ISOLATION_HELP = (
 
 
 def _say(text: str, end: str = "\n") -> None:
-    """Print to the terminal with control characters escaped (no ESC/CR tricks)."""
-    print(escape_control(text), end=end)
+    """Print to the terminal with control characters escaped (no ESC/CR tricks).
+
+    Flushed at once: a bench or check line is progress a reader (or a pipe) waits for.
+    """
+    print(escape_control(text), end=end, flush=True)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -255,7 +258,7 @@ def _bench(args: argparse.Namespace) -> int:
     n, workers = args.n, args.workers
 
     def work() -> int:
-        run_bench(n=n, workers=workers)
+        run_bench(n=n, workers=workers, log=_say)
         return 0
 
     return _stoppable(work)

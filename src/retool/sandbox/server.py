@@ -1285,22 +1285,22 @@ def main(argv: list[str] | None = None) -> None:
     listener.listen(64)
     if level == FULL:
         missing += [f"{CALL_LAYERS[name]} (disabled)" for name in sorted(off)]
+    call_layer_list = call_layers(
+        level,
+        off,
+        real_root=real_root,
+        use_seccomp=use_seccomp,
+        cgroup=group is not None and group.killable,
+        landlock_abi=landlock_abi,
+    )
     ready = {
         "level": level,
-        "layers": call_layers(
-            level,
-            off,
-            real_root=real_root,
-            use_seccomp=use_seccomp,
-            cgroup=group is not None and group.killable,
-            landlock_abi=landlock_abi,
-        ),
+        "layers": [*call_layer_list, *layers],  # and the round-three CPU/init/verdicts
         "missing": missing,
         "preloaded": preloaded,
         "pid": os.getpid(),
         "cgroup": None if group is None else group.dirs,
     }
-    ready["layers"] = [*ready["layers"], *layers]  # and the round-three CPU/init/verdicts
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     null = os.open(os.devnull, os.O_RDWR)

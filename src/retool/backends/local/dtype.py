@@ -368,17 +368,17 @@ def resolve_numerics(
     measure: Timer = timer or (
         lambda s, rows, dtype, limit: time_projections(s, rows, dtype, limit, device)
     )
-    timings = []
+    found: list[RoleTiming] = []
     for role, rows in (("sampler", workload.decode_rows), ("trainer", workload.train_rows)):
         if shapes.flops(rows) < MIN_FLOP:  # microseconds of work: noise would decide
-            timings.append(RoleTiming(role, rows, 0.0, 0.0, "float32", True))
+            found.append(RoleTiming(role, rows, 0.0, 0.0, "float32", True))
             continue
         role_measure = sampler_timer if role == "sampler" and sampler_timer else measure
         fp32, _ = role_measure(shapes, rows, "float32", None)
         bf16, complete = role_measure(shapes, rows, "bfloat16", fp32)
         chosen = choose_dtype(fp32, bf16) if complete else "float32"
-        timings.append(RoleTiming(role, rows, fp32, bf16, chosen, not complete))
-    numerics = Numerics("auto", timings[0].chosen, timings[1].chosen, tuple(timings), info)
+        found.append(RoleTiming(role, rows, fp32, bf16, chosen, not complete))
+    numerics = Numerics("auto", found[0].chosen, found[1].chosen, tuple(found), info)
     if timer is None:
         _MEASURED[key] = numerics
     return numerics

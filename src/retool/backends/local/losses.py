@@ -225,8 +225,8 @@ def compute_loss(
         weight, corrected = correction_weights(log_rho, active, segments, mode, cap)
         # The weight a token's loss is scaled by: its wanted importance weight over the
         # one its ratio already carries (rho with sampler logprobs as pi_old, 1 otherwise).
-        scale = weight if recomputed or mode == 2 else weight / torch.exp(log_rho)
-        scale = torch.where(active, scale, torch.ones_like(scale)) if mode else None
+        wanted = weight if recomputed or mode == 2 else weight / torch.exp(log_rho)
+        scale = torch.where(active, wanted, torch.ones_like(wanted)) if mode else None
     per_token: dict[str, Callable[[], torch.Tensor]] = {
         "importance_sampling": lambda: -(ratio * advantages),
         "ppo": lambda: -torch.minimum(ratio * advantages, clipped * advantages),
