@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.cli import eval as eval_command
+from retool.cli import report as report_command
 from retool.cli import sft, train
 from retool.cli.common import Parser, add_config_options
 from retool.config import load_config
@@ -145,10 +146,11 @@ def _minutes(seconds: float) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The commands the demo runs (``eval``, ``sft``, ``train``), parsed as ``retool`` does."""
+    """The commands the demo runs (``eval``, ``sft``, ``train``, ``report``), parsed as
+    ``retool`` does."""
     parser = Parser(prog="retool")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (eval_command, sft, train):
+    for module in (eval_command, sft, train, report_command):
         module.add_parser(subparsers)
     return parser
 

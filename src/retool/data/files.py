@@ -62,8 +62,11 @@ def _named(path: Path | str, flag: str | None) -> str:
 
 
 def reason(exc: OSError) -> str:
-    """The operating system's words for ``exc`` ("Permission denied"), without the errno."""
-    return exc.strerror or type(exc).__name__
+    """The operating system's words for ``exc`` ("Permission denied"), without the errno.
+
+    An ``OSError`` raised by library code with a message and no errno keeps its message.
+    """
+    return exc.strerror or (str(exc).strip() if exc.args else "") or type(exc).__name__
 
 
 def _space_hint(exc: OSError) -> str:

@@ -46,6 +46,7 @@ from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trai
 from retool.training.datum import build_datum, build_training_datums, datum_loss_tokens
 from retool.training.numerics import check_supported, service_options
 from retool.training.run_dir import resolve_checkpoint
+from retool.training.session import new_trainer
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,
@@ -382,14 +383,7 @@ def measure_mismatch(
     """
     if config.model.backend != "local":
         return f"chosen by {config.model.backend}; the run logs train/sampler_kl per step"
-    if init_from:
-        trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
-    elif config.model.lora_rank > 0:
-        trainer = service.create_lora_training_client(
-            config.model.base_model, rank=config.model.lora_rank, seed=config.train.seed
-        )
-    else:
-        trainer = service.create_training_client(config.model.base_model, seed=config.train.seed)
+    trainer = new_trainer(service, config, init_from)
     datums = []
     for index, trajectory in enumerate(trajectories):  # every sampled one, advantage or not
         if trajectory.excluded or not any(t.completion_tokens for t in trajectory.turns):

@@ -114,15 +114,18 @@ def open_trainer(
     if resume:
         run.rewind(0)  # killed before the first checkpoint: start over, keep step 1's journal
         init_from = recorded_init_from(run.inputs_path)  # what the run started from
+    return new_trainer(service, config, init_from), 0, state
+
+
+def new_trainer(service: ServiceClient, config: RunConfig, init_from: str | None) -> TrainingClient:
+    """Step 1's trainer: ``--init-from``'s weights, else a new LoRA adapter or the full model."""
     if init_from:
-        trainer = service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
-    elif config.model.lora_rank > 0:
-        trainer = service.create_lora_training_client(
+        return service.create_training_client_from_state(str(resolve_checkpoint(init_from)))
+    if config.model.lora_rank > 0:
+        return service.create_lora_training_client(
             config.model.base_model, rank=config.model.lora_rank, seed=config.train.seed
         )
-    else:
-        trainer = service.create_training_client(config.model.base_model, seed=config.train.seed)
-    return trainer, 0, state
+    return service.create_training_client(config.model.base_model, seed=config.train.seed)
 
 
 @contextlib.contextmanager
