@@ -32,6 +32,10 @@ class BackendError(RetoolError):
     """A model backend rejected a request (bad model name, too long input...)."""
 
 
+class StalePolicyError(BackendError):
+    """A sample came from other weights than the step's policy (a weight sync did not apply)."""
+
+
 class DependencyError(RetoolError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
