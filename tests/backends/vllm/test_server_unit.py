@@ -1,0 +1,300 @@
+"""The vllm serve client against a small fake server on 127.0.0.1 (no vLLM needed).
+
+The fake answers as vLLM 0.32's OpenAI server does (``completion/protocol.py``:
+``CompletionResponse``, ``models/serving.py``: the adapter routes) and records
+every request, so these tests check what is sent, how replies are read, how
+requests spread and fail over, and the one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from retool.backends.vllm.server import (
+    Endpoint,
+    ServerSamplingClient,
+    VllmServers,
+    free_port,
+    policy_name,
+    probe,
+    prompt_logprobs,
+)
+from retool.errors import BackendError, ConfigError
+from retool.types import ModelInput, SamplerStop, SamplingParams
+
+
+class FakeVllm:
+    """A loopback HTTP server shaped like vllm serve; ``requests`` holds (path, body)."""
+
+    def __init__(self, served: str = "base") -> None:
+        self.requests: list[tuple[str, object]] = []
+        self.adapters: dict[str, str] = {}
+        self.served = served
+        self.fail_next: list[int] = []  # HTTP statuses to answer next, in order
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _reply(self, status: int, body: object, text: bool = False) -> None:
+                data = (body if text else json.dumps(body)).encode()  # type: ignore[union-attr]
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                fake.requests.append((self.path, None))
+                if self.path == "/v1/models":
+                    data = [{"id": fake.served, "parent": None, "max_model_len": 512, "root": "/m"}]
+                    data += [
+                        {"id": n, "parent": fake.served, "root": p}
+                        for n, p in fake.adapters.items()
+                    ]
+                    self._reply(200, {"object": "list", "data": data})
+                elif self.path == "/openapi.json":
+                    self._reply(
+                        200, {"paths": {"/v1/completions": {}, "/v1/load_lora_adapter": {}}}
+                    )
+                else:
+                    self._reply(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append((self.path, body))
+                if fake.fail_next:
+                    status = fake.fail_next.pop(0)
+                    self._reply(status, {"error": {"message": f"failure {status}", "code": status}})
+                elif self.path == "/v1/completions":
+                    self._completion(body)
+                elif self.path == "/v1/load_lora_adapter":
+                    fake.adapters[body["lora_name"]] = body["lora_path"]
+                    self._reply(200, f"Success: LoRA adapter '{body['lora_name']}' added", True)
+                elif self.path == "/v1/unload_lora_adapter":
+                    if fake.adapters.pop(body["lora_name"], None) is None:
+                        self._reply(404, {"error": {"message": "cannot be found", "code": 404}})
+                    else:
+                        self._reply(200, "Success", True)
+                else:
+                    self._reply(404, {"detail": "Not Found"})
+
+            def _completion(self, body: dict) -> None:
+                model = body["model"]
+                if model != fake.served and model not in fake.adapters:
+                    self._reply(404, {"error": {"message": f"The model `{model}` does not exist."}})
+                    return
+                prompts = (
+                    body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+                )
+                choices = []
+                for prompt in prompts:
+                    for _ in range(body.get("n", 1)):
+                        if body.get("prompt_logprobs") is not None:
+                            entries = [None] + [
+                                {str(t): {"logprob": -0.5 * i, "rank": 1}}
+                                for i, t in enumerate(prompt[1:], 1)
+                            ]
+                        else:
+                            entries = None
+                        tokens = [len(choices) + 10, 7][: body["max_tokens"]]
+                        choices.append(
+                            {
+                                "index": len(choices),
+                                "text": "ignored",
+                                "token_ids": tokens,
+                                "logprobs": {
+                                    "token_logprobs": [-1.0 - i for i in range(len(tokens))]
+                                },
+                                "finish_reason": "stop"
+                                if 7 in body.get("stop_token_ids", [])
+                                else "length",
+                                "prompt_logprobs": entries,
+                            }
+                        )
+                self._reply(200, {"model": model, "choices": choices})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def completions(self) -> list[dict]:
+        return [b for p, b in self.requests if p == "/v1/completions"]  # type: ignore[misc]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Tokenizer:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(f"t{i}" for i in ids)
+
+
+@pytest.fixture
+def fake():
+    server = FakeVllm()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def dead_url():
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_endpoint_parse():
+    ep = Endpoint.parse("http://10.0.0.5:8000/v1/")
+    assert (ep.host, ep.port, ep.prefix, ep.tls) == ("10.0.0.5", 8000, "", False)
+    assert Endpoint.parse("https://h/proxy/v1").prefix == "/proxy"
+    assert Endpoint.parse("https://h").port == 443
+    for bad in ("ftp://h:1", "127.0.0.1:8000", "http://h:notaport"):
+        with pytest.raises(ConfigError, match="sampler.urls"):
+            Endpoint.parse(bad)
+
+
+def test_unreachable_url_is_one_clear_line(dead_url):
+    servers = VllmServers([dead_url], connect_timeout=2.0)
+    client = servers.client("base", Tokenizer())
+    with pytest.raises(BackendError) as info:
+        client.sample(ModelInput.from_ints([1, 2]), 1, SamplingParams(max_tokens=2)).result()
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"cannot connect to {dead_url} (connection refused)" in message
+    assert "sampler.urls" in message
+    status = probe(dead_url)
+    assert status.error and "connection refused" in status.error
+    servers.close()
+
+
+def test_request_fields_and_reply(fake):
+    servers = VllmServers([fake.url])
+    client = servers.client("base", Tokenizer(), 512)
+    params = SamplingParams(max_tokens=2, temperature=0.7, seed=2**63 - 1, stop=("</code>", 7))
+    response = client.sample(ModelInput.from_ints([5, 6, 8]), 2, params).result()
+    (body,) = fake.completions()
+    assert body["prompt"] == [5, 6, 8] and body["n"] == 2 and body["model"] == "base"
+    assert body["return_token_ids"] is True and body["logprobs"] == 0
+    assert body["stop"] == ["</code>"] and body["stop_token_ids"] == [7]
+    assert body["ignore_eos"] is True and body["include_stop_str_in_output"] is True
+    assert body["skip_special_tokens"] is False and body["top_k"] == 0
+    assert 0 <= body["seed"] < 2**62 and "detokenize" not in body
+    assert [s.tokens for s in response.sequences] == [(10, 7), (11, 7)]
+    first = response.sequences[0]
+    assert first.logprobs == (-1.0, -2.0) and first.stop_reason is SamplerStop.STOP
+    assert first.text == "t10 t7" and first.policy_version == "base"
+    assert client.max_context_tokens == 512
+    servers.close()
+
+
+def test_greedy_samples_go_as_prompt_copies(fake):
+    client = VllmServers([fake.url]).client("base", Tokenizer())
+    response = client.sample(
+        ModelInput.from_ints([3, 4]), 3, SamplingParams(temperature=0)
+    ).result()
+    (body,) = fake.completions()
+    assert body["prompt"] == [[3, 4]] * 3 and body["n"] == 1
+    assert len(response.sequences) == 3
+
+
+def test_compute_logprobs(fake):
+    client = VllmServers([fake.url]).client("base", Tokenizer())
+    assert client.compute_logprobs(ModelInput.from_ints([4, 5, 6])).result() == [None, -0.5, -1.0]
+    (body,) = fake.completions()
+    assert body["prompt_logprobs"] == 0 and body["max_tokens"] == 1
+    with pytest.raises(BackendError, match="no logprob for prompt token at position 1"):
+        prompt_logprobs([None, {"99": {"logprob": -1.0}}], [1, 2])
+
+
+def test_http_errors_name_the_url_and_the_server_message(fake):
+    client = VllmServers([fake.url]).client("policy-step-3", Tokenizer())
+    with pytest.raises(BackendError) as info:
+        client.sample(ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)).result()
+    assert "HTTP 404: The model `policy-step-3` does not exist." in str(info.value)
+    assert "adapter loaded" in str(info.value)
+    fake.fail_next = [500]
+    base = VllmServers([fake.url]).client("base", Tokenizer())
+    with pytest.raises(BackendError, match="HTTP 500: failure 500"):
+        base.sample(ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)).result()
+    # the rollout retries a failed call (rollout.sample_retries): the next one works
+    assert base.sample(ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)).result()
+
+
+def test_requests_fail_over_and_spread(fake, dead_url):
+    second = FakeVllm()
+    try:
+        servers = VllmServers([dead_url, fake.url, second.url], connect_timeout=2.0)
+        client = servers.client("base", Tokenizer())
+        futures = [
+            client.sample(ModelInput.from_ints([1, i]), 1, SamplingParams(max_tokens=1))
+            for i in range(12)
+        ]
+        assert all(len(f.result().sequences) == 1 for f in futures)
+        counts = (len(fake.completions()), len(second.completions()))
+        assert sum(counts) == 12 and min(counts) >= 2, counts
+    finally:
+        second.close()
+
+
+def test_publish_loads_everywhere_and_retires_old_adapters(fake, tmp_path):
+    second = FakeVllm()
+    try:
+        servers = VllmServers([fake.url, second.url])
+        for step in (0, 1, 2):
+            servers.publish(policy_name(step), tmp_path / f"step_{step}")
+        for server in (fake, second):
+            assert server.adapters == {"policy-step-2": str((tmp_path / "step_2").resolve())}
+            loads = [b for p, b in server.requests if p == "/v1/load_lora_adapter"]
+            assert [b["lora_name"] for b in loads] == [
+                "policy-step-0",
+                "policy-step-1",
+                "policy-step-2",
+            ]
+            assert all(b["load_inplace"] for b in loads)
+        models = servers.models()
+        assert [m.id for m in models[1]] == ["base", "policy-step-2"]
+        assert servers.base_model().id == "base"
+        reply = servers.client("policy-step-2", Tokenizer()).sample(
+            ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)
+        )
+        assert reply.result().sequences[0].policy_version == "policy-step-2"
+        servers.close()
+        assert fake.adapters == {} and second.adapters == {}
+    finally:
+        second.close()
+
+
+def test_publish_to_a_dead_url_fails(fake, dead_url, tmp_path):
+    servers = VllmServers([fake.url, dead_url], connect_timeout=2.0)
+    with pytest.raises(BackendError, match=f"cannot connect to {dead_url}"):
+        servers.publish(policy_name(1), tmp_path)
+
+
+def test_publish_without_runtime_lora_says_how_to_start_the_server(fake, tmp_path):
+    fake.fail_next = [404]
+    with pytest.raises(BackendError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+        VllmServers([fake.url]).publish(policy_name(1), tmp_path)
+
+
+def test_probe_and_different_base_models(fake):
+    status = probe(fake.url)
+    assert status.error is None and status.models == ("base",)
+    assert status.max_model_len == 512 and status.runtime_lora is True
+    other = FakeVllm(served="other")
+    try:
+        with pytest.raises(BackendError, match="different base models"):
+            VllmServers([fake.url, other.url]).base_model()
+    finally:
+        other.close()
+
+
+def test_client_satisfies_the_protocol(fake):
+    from retool.types import SamplingClient
+
+    client = VllmServers([fake.url]).client("base", Tokenizer())
+    assert isinstance(client, SamplingClient) and isinstance(client, ServerSamplingClient)
