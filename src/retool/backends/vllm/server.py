@@ -641,11 +641,9 @@ def probe(url: str, timeout: float = 3.0) -> EndpointStatus:
 # -- a server process on this machine --------------------------------------------------------
 
 
-def server_env(
-    threads_bind: str = "auto", kv_cache_gb: float = 1.0, base: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def server_env(threads_bind: str = "auto", base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a local ``vllm serve``: loopback only, no usage reports,
-    runtime adapters allowed, the KV cache and thread binding of a CPU server."""
+    runtime adapters allowed, the thread binding of a CPU server."""
     env = dict(os.environ if base is None else base)
     env.update(
         {
@@ -653,7 +651,6 @@ def server_env(
             "DO_NOT_TRACK": "1",
             "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gb:g}",
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in the server's process
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -674,6 +671,7 @@ def server_command(
     dtype: str = "float32",
     max_model_len: int = 2048,
     max_lora_rank: int = 16,
+    kv_cache_gb: float = 1.0,
     enable_lora: bool = True,
     enforce_eager: bool = True,
     python: str = sys.executable,
@@ -696,6 +694,9 @@ def server_command(
         dtype,
         "--max-model-len",
         str(int(max_model_len)),
+        # bytes, not VLLM_CPU_KVCACHE_SPACE: that variable takes whole GiB only
+        "--kv-cache-memory-bytes",
+        str(int(kv_cache_gb * (1 << 30))),
         "--logprobs-mode",
         "raw_logprobs",
         "--distributed-executor-backend",

