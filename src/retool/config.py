@@ -563,6 +563,11 @@ class SamplerConfig:
                     "sampler.urls must be comma-separated http(s) base URLs of vllm serve "
                     f"(http://127.0.0.1:8000); got {url!r}"
                 )
+        if self.engine == "vllm" and self.url_list and self.sync != "lora":
+            raise ConfigError(
+                'sampler.urls (vllm serve) syncs by adapter only: set sampler.sync = "lora" '
+                '(sampler.sync = "merged" needs the in-process engine, sampler.urls = "")'
+            )
 
     @property
     def url_list(self) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ class FakeVllm:
         self.requests: list[tuple[str, object]] = []
         self.adapters: dict[str, str] = {}
         self.served = served
+        self.served_override: str | None = None  # the model name replies claim (a stale server)
         self.fail_next: list[int] = []  # HTTP statuses to answer next, in order
         fake = self
 
@@ -116,7 +117,7 @@ class FakeVllm:
                                 "prompt_logprobs": entries,
                             }
                         )
-                self._reply(200, {"model": model, "choices": choices})
+                self._reply(200, {"model": fake.served_override or model, "choices": choices})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -298,3 +299,65 @@ def test_client_satisfies_the_protocol(fake):
 
     client = VllmServers([fake.url]).client("base", Tokenizer())
     assert isinstance(client, SamplingClient) and isinstance(client, ServerSamplingClient)
+
+
+class FakeTrainer:
+    """What ServerPolicySampler uses of a LoRA training client."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self.steps = 0
+        self.lora = object()
+        self.saved: list[str] = []
+
+    def get_tokenizer(self) -> Tokenizer:
+        return Tokenizer()
+
+    def save_weights_for_sampler(self, name: str):
+        from retool.types import Future, SaveStateOutput
+
+        path = self.root / name
+        path.mkdir()
+        (path / "adapter_config.json").write_text("{}")
+        self.saved.append(name)
+        return Future.completed(SaveStateOutput(str(path)))
+
+
+def test_policy_sampler_publishes_each_step_once(fake, tmp_path):
+    from retool.backends.vllm.server import ServerPolicySampler
+
+    trainer = FakeTrainer(tmp_path)
+    sampler = ServerPolicySampler(trainer, VllmServers([fake.url]))
+    first = sampler.snapshot()
+    assert first.policy_version == "policy-step-0" and list(fake.adapters) == ["policy-step-0"]
+    assert sampler.snapshot().policy_version == "policy-step-0" and len(trainer.saved) == 1
+    trainer.steps = 1
+    client = sampler.snapshot()
+    assert list(fake.adapters) == ["policy-step-1"] and len(trainer.saved) == 2
+    assert not (tmp_path / trainer.saved[0]).exists()  # the retired adapter's directory
+    seq = client.sample(ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)).result()
+    assert seq.sequences[0].policy_version == client.policy_version == "policy-step-1"
+    assert client.max_context_tokens == 512 and len(sampler.sync_seconds) == 2
+    sampler.close()
+    assert fake.adapters == {} and not (tmp_path / trainer.saved[1]).exists()
+
+
+def test_a_stale_server_is_visible_in_every_sample(fake, tmp_path):
+    """A server that answers with other weights than asked for (a sync that did not apply)."""
+    fake.adapters["policy-step-1"] = str(tmp_path)
+    fake.served_override = "policy-step-0"
+    client = VllmServers([fake.url]).client("policy-step-1", Tokenizer())
+    response = client.sample(ModelInput.from_ints([1]), 2, SamplingParams(max_tokens=1)).result()
+    assert {s.policy_version for s in response.sequences} == {"policy-step-0"}
+    assert client.policy_version == "policy-step-1"  # what the rollout compares against
+
+
+def test_server_mode_config_needs_lora_sync():
+    from retool.config import load_config
+
+    with pytest.raises(ConfigError, match='sampler.sync = "lora"'):
+        load_config(None, ["sampler.engine=vllm", "sampler.urls=http://127.0.0.1:8000"])
+    config = load_config(
+        None, ["sampler.engine=vllm", "sampler.urls=http://a:1,http://b:2", "sampler.sync=lora"]
+    )
+    assert config.sampler.url_list == ("http://a:1", "http://b:2")

@@ -63,6 +63,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -453,6 +454,9 @@ class ServerSamplingClient:
         self.servers = servers
         self.model = model
         self.name = model
+        # the version every sample must carry (the rollout checks); the servers name the one
+        # they used in each reply
+        self.policy_version = model
         self._tokenizer = tokenizer
         self._max_context_tokens = max_context_tokens
 
@@ -593,6 +597,72 @@ def prompt_logprobs(entries: Any, prompt: Sequence[int]) -> list[float | None]:
             raise BackendError(f"{BACKEND}: no logprob for prompt token at position {position}")
         out.append(float(value))
     return out
+
+
+# -- weight sync for a run ---------------------------------------------------------------------
+
+
+class ServerPolicySampler:
+    """The run's vLLM servers, kept on the trainer's policy by publishing its adapter.
+
+    ``snapshot()`` is the step's sampling client: when the trainer took an
+    optimizer step since the last one (or at the first call: the initial
+    adapter is not zero after ``--init-from``), its adapter is saved
+    (``save_weights_for_sampler``), published to every server as
+    ``policy-step-N`` and the previous one unloaded and deleted.
+    ``sync_seconds`` holds the time of each publish (saving included).
+    """
+
+    def __init__(self, trainer: Any, servers: VllmServers) -> None:
+        if getattr(trainer, "lora", None) is None:
+            raise ConfigError(
+                "sampler.urls (vllm serve) syncs LoRA adapters: set model.lora_rank > 0"
+            )
+        self.trainer = trainer
+        self.servers = servers
+        self.tokenizer = trainer.get_tokenizer()
+        self.base = servers.base_model()
+        self.synced_step: int | None = None
+        self.sync_seconds: list[float] = []
+        self._adapter_dir: Path | None = None
+
+    def trainer_step(self) -> int:
+        return int(getattr(self.trainer, "steps", 0))
+
+    def snapshot(self) -> ServerSamplingClient:
+        step = self.trainer_step()
+        if self.synced_step != step:
+            started = time.monotonic()
+            self.publish(step)
+            self.sync_seconds.append(time.monotonic() - started)
+            self.synced_step = step
+        return self.servers.client(policy_name(step), self.tokenizer, self.base.max_model_len)
+
+    def publish(self, step: int) -> None:
+        """Save the trainer's adapter and load it on every server as ``policy-step-<step>``."""
+        saved = self.trainer.save_weights_for_sampler(f"vllm_server_policy_step_{step:06d}")
+        path = Path(saved.result().path)
+        self.servers.publish(policy_name(step), path)
+        old, self._adapter_dir = self._adapter_dir, path
+        if old is not None and old != path:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        """Unload the run's adapters from the servers and delete the last one's directory."""
+        self.servers.close()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+
+
+def open_server_sampler(config: Any, trainer: Any) -> ServerPolicySampler:
+    """The :class:`ServerPolicySampler` of a run config's ``sampler.urls``."""
+    sampler = config.sampler
+    if sampler.sync != "lora":
+        raise ConfigError(
+            'sampler.urls (vllm serve) syncs by adapter only: set sampler.sync = "lora" '
+            '(sampler.sync = "merged" needs the in-process engine, sampler.urls = "")'
+        )
+    return ServerPolicySampler(trainer, VllmServers(sampler.url_list))
 
 
 # -- probing (retool doctor) ------------------------------------------------------------------
