@@ -36,6 +36,7 @@ from retool import __version__
 from retool.config import load_config
 from retool.data import load_dataset
 from retool.data.files import check_output_dir
+from retool.diagnostics.sampler import sampler_rows
 from retool.errors import RetoolError
 from retool.sandbox import IsolationLevel, LocalSandbox
 
@@ -409,6 +410,7 @@ def diagnose(
     except RetoolError as exc:
         checks.append(Check("numerics", "fail", str(exc)))
     checks.append(check_extras(backend))
+    checks += [Check(*row) for row in sampler_rows(config.sampler)]
     checks += check_credentials(backend)
     checks.append(check_data(config.data.train, "data.train"))
     if config.train.eval_every > 0:  # the periodic evaluation reads this split at step 1
