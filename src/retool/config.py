@@ -525,7 +525,7 @@ class SamplerConfig:
     sync: str = "merged"  # vllm: merged | lora (see the README's measurements)
     enforce_eager: bool = True  # vllm: no graph compilation (start-up ~17 s instead of ~67 s)
     max_model_len: int = 0  # vllm: longest prompt + completion; 0 = train.max_train_tokens
-    kv_cache_gb: float = 1.0  # vllm on CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE), [0.1, 1024]
+    kv_cache_gb: int = 1  # vllm on CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE), [1, 1024]
     gpu_memory_utilization: float = 0.9  # vllm on a GPU: share of its memory, in (0, 1]
     threads_bind: str = "auto"  # vllm on CPU: VLLM_CPU_OMP_THREADS_BIND; auto = every core
     urls: str = ""  # vllm serve base URLs, comma-separated (http://host:port); "" = in-process
@@ -540,7 +540,7 @@ class SamplerConfig:
         if self.sync not in ("lora", "merged"):
             raise ConfigError(f"sampler.sync must be lora or merged; got {self.sync!r}")
         check_range("sampler", "max_model_len", self.max_model_len, 0, 2**24, integer=True)
-        check_range("sampler", "kv_cache_gb", self.kv_cache_gb, 0.1, 1024, integer=False)
+        check_range("sampler", "kv_cache_gb", self.kv_cache_gb, 1, 1024, integer=True)
         check_range(
             "sampler",
             "gpu_memory_utilization",
