@@ -7,7 +7,7 @@ import pytest
 from retool.config import SamplerConfig
 from retool.diagnostics import sampler as rows
 from retool.diagnostics.doctor import diagnose
-from tests.backends.vllm.test_server_unit import FakeVllm
+from tests.backends.fake_vllm import FakeVllm
 
 
 def test_local_engine_is_one_ok_row():

@@ -1,10 +1,9 @@
 """A real ``vllm serve`` on 127.0.0.1 against the local backend (fp32, a tiny random Llama).
 
 One server per module (start-up: about 20-30 s on a quiet 2-core CPU, minutes
-on a loaded one), so the module is ``slow``. The model is a tiny Llama with
-SmolLM2's tokenizer, saved as safetensors; its head size is 32 because vLLM's
-CPU attention serves no smaller one (``tiny-random`` has 16). The local
-backend loads the same directory, so every comparison is with our own fp32
+on a loaded one), so the module is ``slow``. The model is the conftest's tiny
+Llama (SmolLM2's tokenizer, safetensors, heads vLLM's CPU attention serves);
+the local backend loads the same directory, so every comparison is with our own fp32
 forward and sampler: token-exact greedy continuation, stops, seeds, the
 logprob convention (temperature 1, unfiltered, also when sampling at 0.7 with
 top-p), ``compute_logprobs``, and a LoRA adapter trained here, published to the
@@ -35,33 +34,11 @@ pytestmark = [
 LOGPROB_TOL = 1e-4  # the contract between an fp32 sampler and the trainer
 
 
-def write_tiny_llama(path):
-    """A ~3M-parameter Llama with SmolLM2's tokenizer, head size 32, as safetensors."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from retool.backends.local.models import load_tokenizer, tiny_random_config
-
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    config = tiny_random_config(len(tokenizer))
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
-    config.initializer_range = 0.1  # sharper logits than 0.02: greedy ties stay rare
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(tiny_llama, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     process = ServerProcess(
-        model_dir,
+        tiny_llama,
         log,
         env=server_env(),
         dtype="float32",
@@ -76,11 +53,11 @@ def server(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local(model_dir, tmp_path_factory):
+def local(tiny_llama, tmp_path_factory):
     from retool.backends.local import LocalServiceClient
 
     service = LocalServiceClient(checkpoint_root=tmp_path_factory.mktemp("ckpt"))
-    sampler = service.create_sampling_client(base_model=str(model_dir))
+    sampler = service.create_sampling_client(base_model=str(tiny_llama))
     yield service, sampler
     sampler.close()
 
@@ -171,9 +148,9 @@ def test_compute_logprobs_matches_the_local_forward(remote, local):
     assert np.max(np.abs(np.subtract(theirs[1:], ours[1:]))) < LOGPROB_TOL
 
 
-def test_lora_publish_round_trip(servers, local, model_dir):
+def test_lora_publish_round_trip(servers, local, tiny_llama):
     service = local[0]
-    trainer = service.create_lora_training_client(base_model=str(model_dir), rank=4, seed=0)
+    trainer = service.create_lora_training_client(base_model=str(tiny_llama), rank=4, seed=0)
     tokenizer = trainer.get_tokenizer()
     ids = tokenizer.encode("The answer is 42. The answer is 42. The answer is 42.")
     datum = Datum(

@@ -24,7 +24,7 @@ from retool.backends.vllm.engine import (
     VllmSamplingClient,
     policy_version,
 )
-from retool.errors import ConfigError
+from retool.backends.vllm.server import open_server_sampler
 
 __all__ = [
     "EngineOptions",
@@ -61,9 +61,6 @@ def open_policy_sampler(config: Any, trainer: Any, work_dir: str | Path) -> Any:
     sampler = config.sampler
     if sampler.engine != "vllm":
         return None
-    if sampler.url_list:
-        raise ConfigError(
-            "sampler.urls (vllm serve endpoints) is not supported by this build; "
-            'leave sampler.urls = "" for the in-process engine'
-        )
+    if sampler.url_list:  # vllm serve endpoints: the adapter published to each
+        return open_server_sampler(config, trainer)
     return VllmPolicySampler(trainer, sampler.sync, engine_options(config), Path(work_dir) / "vllm")
