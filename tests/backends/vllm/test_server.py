@@ -129,15 +129,14 @@ def test_stops(remote, local):
     by_id = remote.sample(prompt, 1, SamplingParams(max_tokens=24, seed=5, stop=(stop_id,)))
     seq = by_id.result().sequences[0]
     assert seq.tokens == free.tokens[:cut] and seq.stop_reason is SamplerStop.STOP
-    # a stop string: the sequence ends at the first token whose text completes it
-    pieces = [tokenizer.decode(free.tokens[: i + 1]) for i in range(len(free.tokens))]
-    target = next(i for i in range(8, 24) if pieces[i].isascii() and pieces[i].strip())
-    stop = pieces[target][-3:] if len(pieces[target]) >= 3 else pieces[target]
-    first_hit = next(i for i, text in enumerate(pieces) if stop in text)
+    # a stop string (one token's text): the sequence ends at the first token completing it
+    texts = [tokenizer.decode([t]) for t in free.tokens]
+    stop = next(t.strip() for t in texts[3:] if t.strip().isascii() and len(t.strip()) >= 2)
     by_text = remote.sample(prompt, 1, SamplingParams(max_tokens=24, seed=5, stop=(stop,)))
     seq = by_text.result().sequences[0]
-    assert seq.tokens == free.tokens[: first_hit + 1], stop
-    assert seq.stop_reason is SamplerStop.STOP and stop in (seq.text or "")
+    assert seq.tokens == free.tokens[: len(seq.tokens)] and seq.stop_reason is SamplerStop.STOP
+    assert stop in tokenizer.decode(list(seq.tokens)), stop
+    assert stop not in tokenizer.decode(list(seq.tokens[:-1])), stop
 
 
 def test_compute_logprobs_matches_the_local_forward(remote, local):

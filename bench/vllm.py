@@ -1,0 +1,210 @@
+"""RL step time and sampler tok/s of the demo with each sampler engine, as ratios to ours.
+
+    flock /tmp/retool-bench.lock .venv/bin/python bench/vllm.py [--steps 3]
+        [--engines local,merged,lora,server] [--config configs/demo.toml]
+        [--init-from CHECKPOINT] [--set section.key=value ...]
+
+One run of this script trains the same config, seeds and questions for
+``--steps`` steps with each engine, each in a fresh subprocess (so no engine's
+threads, imports or caches help or slow another):
+
+* ``local``: our own sampler (``sampler.engine = "local"``), the baseline;
+* ``merged`` / ``lora``: vLLM in the trainer's process
+  (``sampler.engine = "vllm"``), weights synced each step by reloading the
+  merged weights in place, or by a new ``LoRARequest`` per step;
+* ``server``: ``vllm serve`` on 127.0.0.1, started here on the same cores
+  (:class:`retool.backends.vllm.server.ServerProcess`, from the base model
+  exported as safetensors), the adapter published each step
+  (``sampler.urls``, ``sampler.sync = "lora"``).
+
+Step 1 also pays for the engine's start (the first snapshot starts an
+in-process engine), so the table's figures are medians over steps 2..N and
+start-up is printed on its own: for in-process engines, step 1's snapshot
+phase; for the server, the time until ``/v1/models`` answered (that server
+starts once per deployment, not per run). ``sampler tok/s`` is the rollout's
+``rollout/tokens_per_s`` (sampled tokens over the rollout phase, tool calls
+included: what a step sees). The engines sample different tokens from the same
+seeds (their random streams differ), so trajectories and their lengths differ
+too; the sampled token counts are printed beside the rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENGINES = {
+    "local": ["sampler.engine=local"],
+    "merged": ["sampler.engine=vllm", "sampler.sync=merged"],
+    "lora": ["sampler.engine=vllm", "sampler.sync=lora"],
+    "server": ["sampler.engine=vllm", "sampler.sync=lora"],  # + sampler.urls
+}
+
+
+def child(args: argparse.Namespace) -> None:
+    """Train ``--steps`` steps with one engine; write the metrics lines and wall time."""
+    from retool.config import load_config
+    from retool.training.loop import train
+
+    overrides = [f"train.steps={args.steps}", "train.save_every=0", *args.set]
+    overrides += ENGINES[args.child]
+    if args.url:
+        overrides.append(f"sampler.urls={args.url}")
+    config = load_config(args.config, overrides)
+    with tempfile.TemporaryDirectory(prefix=f"retool-bench-vllm-{args.child}-") as tmp:
+        run_dir = Path(tmp) / "run"
+        started = time.perf_counter()
+        train(config, run_dir=str(run_dir), progress=False, init_from=args.init_from)
+        wall = time.perf_counter() - started
+        lines = [
+            json.loads(line)
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+    Path(args.out).write_text(json.dumps({"wall_s": wall, "steps": lines}))
+
+
+def export_base(config_path: str, overrides: list[str], target: Path) -> tuple[Path, object]:
+    """The config's base model as an HF safetensors directory ``vllm serve`` can load."""
+    from retool.backends.local.models import load_model, load_tokenizer
+    from retool.backends.vllm.sync import export_model
+    from retool.config import load_config
+
+    config = load_config(config_path, overrides)
+    name = config.model.base_model
+    export_model(load_model(name), load_tokenizer(name), target, merged=False)
+    return target, config
+
+
+def run_child(engine: str, args: argparse.Namespace, out: Path, url: str | None = None) -> dict:
+    argv = [sys.executable, __file__, "--child", engine, "--out", str(out)]
+    argv += ["--steps", str(args.steps), "--config", args.config]
+    if args.init_from:
+        argv += ["--init-from", args.init_from]
+    for item in args.set:
+        argv += ["--set", item]
+    if url:
+        argv += ["--url", url]
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        return {"error": f"exit {done.returncode}: {tail}", "wall_s": time.perf_counter() - started}
+    return json.loads(out.read_text())
+
+
+def median(lines: list[dict], key: str) -> float:
+    values = [float(m.get(key, 0.0)) for m in lines]
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/demo.toml")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--engines", default="local,merged,lora,server")
+    parser.add_argument("--init-from", default=None, help="checkpoint to start from (e.g. SFT)")
+    parser.add_argument("--set", action="append", default=[], help="config override")
+    parser.add_argument("--child", choices=sorted(ENGINES), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (step 1 carries the engine start-up)")
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        parser.error(f"unknown engines {unknown}; choose from {sorted(ENGINES)}")
+
+    from retool.backends.vllm.server import ServerProcess, server_env
+
+    print(f"host: {os.cpu_count()} CPUs; load average at start {os.getloadavg()}")
+    results: dict[str, dict] = {}
+    startup: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="retool-bench-vllm-") as tmp:
+        root = Path(tmp)
+        for engine in engines:
+            out = root / f"{engine}.json"
+            if engine != "server":
+                results[engine] = run_child(engine, args, out)
+                continue
+            model_dir, config = export_base(args.config, args.set, root / "base")
+            server = ServerProcess(
+                model_dir,
+                root / "server.log",
+                env=server_env(config.sampler.threads_bind),
+                dtype=config.sampler.dtype,
+                max_model_len=config.sampler.max_model_len or config.train.max_train_tokens,
+                max_lora_rank=max(8, config.model.lora_rank),
+                kv_cache_gb=config.sampler.kv_cache_gb,
+                enforce_eager=config.sampler.enforce_eager,
+            )
+            try:
+                server.start(timeout=1200)
+                startup["server"] = float(server.startup_s or 0.0)
+                results[engine] = run_child(engine, args, out, url=server.url)
+            except Exception as exc:  # a bench reports what failed and goes on
+                results[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                server.stop()
+
+    print(f"\n{args.steps} steps of {args.config} per engine; medians of steps 2..{args.steps}")
+    header = [
+        "engine",
+        "start-up s",
+        "step s",
+        "snapshot s",
+        "rollout s",
+        "training s",
+        "sampled tok",
+        "sampler tok/s",
+        "step speed-up",
+        "tok/s ratio",
+        "reward",
+    ]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    base = results.get("local", {}).get("steps", [])[1:]
+    base_step = median(base, "time/step_s") if base else float("nan")
+    base_rate = median(base, "rollout/tokens_per_s") if base else float("nan")
+    for engine in engines:
+        result = results[engine]
+        if "error" in result:
+            print(f"| {engine} | failed: {result['error'][:300]} |")
+            continue
+        lines = result["steps"]
+        later = lines[1:]
+        first = lines[0] if lines else {}
+        start = startup.get(engine, float(first.get("time/snapshot_s", 0.0)))
+        step_s = median(later, "time/step_s")
+        rate = median(later, "rollout/tokens_per_s")
+        cells = [
+            engine,
+            f"{start:.1f}" + (" (server)" if engine == "server" else " (step 1 snapshot)"),
+            f"{step_s:.1f}",
+            f"{median(later, 'time/snapshot_s'):.2f}",
+            f"{median(later, 'time/rollout_s'):.1f}",
+            f"{median(later, 'time/training_s'):.1f}",
+            f"{median(later, 'rollout/sampled_tokens'):.0f}",
+            f"{rate:.0f}",
+            f"{base_step / step_s:.2f}x",
+            f"{rate / base_rate:.2f}x",
+            f"{median(later, 'reward/mean'):+.2f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    print("step speed-up = local step s / engine step s; tok/s ratio = engine / local")
+    print(f"load average at the end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":  # vLLM spawns processes: the guard keeps them from rerunning this
+    main()
