@@ -248,3 +248,20 @@ def test_server_mode_config_needs_lora_sync():
         None, ["sampler.engine=vllm", "sampler.urls=http://a:1,http://b:2", "sampler.sync=lora"]
     )
     assert config.sampler.url_list == ("http://a:1", "http://b:2")
+
+
+def test_a_server_that_exits_at_start_is_one_line(tmp_path):
+    from retool.backends.vllm.server import ServerProcess, server_command, server_env
+
+    argv = server_command("/models/m", 8123, max_lora_rank=16, kv_cache_gb=0.5)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 29)
+    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "16"
+    env = server_env("0-1", base={})
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    process = ServerProcess("/models/m", tmp_path / "log", python="/bin/false", env={})
+    with pytest.raises(BackendError, match="exited with status 1 before answering") as info:
+        process.start(timeout=30)
+    assert "\n" not in str(info.value)
