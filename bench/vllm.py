@@ -1,7 +1,7 @@
 """RL step time and sampler tok/s of the demo with each sampler engine, as ratios to ours.
 
     flock /tmp/retool-bench.lock .venv/bin/python bench/vllm.py [--steps 3]
-        [--engines local,merged,lora,server] [--config configs/demo.toml]
+        [--engines local,server,merged,lora] [--config configs/demo.toml]
         [--init-from CHECKPOINT] [--set section.key=value ...]
 
 One run of this script trains the same config, seeds and questions for
@@ -109,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/demo.toml")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--engines", default="local,merged,lora,server")
+    parser.add_argument("--engines", default="local,server,merged,lora")
     parser.add_argument("--init-from", default=None, help="checkpoint to start from (e.g. SFT)")
     parser.add_argument("--set", action="append", default=[], help="config override")
     parser.add_argument("--child", choices=sorted(ENGINES), help=argparse.SUPPRESS)
@@ -126,84 +126,95 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown engines {unknown}; choose from {sorted(ENGINES)}")
 
-    from retool.backends.vllm.server import ServerProcess, server_env
-
-    print(f"host: {os.cpu_count()} CPUs; load average at start {os.getloadavg()}")
-    results: dict[str, dict] = {}
-    startup: dict[str, float] = {}
+    print(f"host: {os.cpu_count()} CPUs; load average at start {os.getloadavg()}", flush=True)
+    print(f"{args.steps} steps of {args.config} per engine; medians of steps 2..{args.steps}")
+    print("| " + " | ".join(HEADER) + " |")
+    print("|" + " --- |" * len(HEADER), flush=True)
+    baseline: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="retool-bench-vllm-") as tmp:
         root = Path(tmp)
-        for engine in engines:
+        for engine in engines:  # each row printed when its engine is done
             out = root / f"{engine}.json"
+            startup = None
             if engine != "server":
-                results[engine] = run_child(engine, args, out)
-                continue
-            model_dir, config = export_base(args.config, args.set, root / "base")
-            server = ServerProcess(
-                model_dir,
-                root / "server.log",
-                env=server_env(config.sampler.threads_bind),
-                dtype=config.sampler.dtype,
-                max_model_len=config.sampler.max_model_len or config.train.max_train_tokens,
-                max_lora_rank=max(8, config.model.lora_rank),
-                kv_cache_gb=config.sampler.kv_cache_gb,
-                enforce_eager=config.sampler.enforce_eager,
-            )
-            try:
-                server.start(timeout=1200)
-                startup["server"] = float(server.startup_s or 0.0)
-                results[engine] = run_child(engine, args, out, url=server.url)
-            except Exception as exc:  # a bench reports what failed and goes on
-                results[engine] = {"error": f"{type(exc).__name__}: {exc}"}
-            finally:
-                server.stop()
-
-    print(f"\n{args.steps} steps of {args.config} per engine; medians of steps 2..{args.steps}")
-    header = [
-        "engine",
-        "start-up s",
-        "step s",
-        "snapshot s",
-        "rollout s",
-        "training s",
-        "sampled tok",
-        "sampler tok/s",
-        "step speed-up",
-        "tok/s ratio",
-        "reward",
-    ]
-    print("| " + " | ".join(header) + " |")
-    print("|" + " --- |" * len(header))
-    base = results.get("local", {}).get("steps", [])[1:]
-    base_step = median(base, "time/step_s") if base else float("nan")
-    base_rate = median(base, "rollout/tokens_per_s") if base else float("nan")
-    for engine in engines:
-        result = results[engine]
-        if "error" in result:
-            print(f"| {engine} | failed: {result['error'][:300]} |")
-            continue
-        lines = result["steps"]
-        later = lines[1:]
-        first = lines[0] if lines else {}
-        start = startup.get(engine, float(first.get("time/snapshot_s", 0.0)))
-        step_s = median(later, "time/step_s")
-        rate = median(later, "rollout/tokens_per_s")
-        cells = [
-            engine,
-            f"{start:.1f}" + (" (server)" if engine == "server" else " (step 1 snapshot)"),
-            f"{step_s:.1f}",
-            f"{median(later, 'time/snapshot_s'):.2f}",
-            f"{median(later, 'time/rollout_s'):.1f}",
-            f"{median(later, 'time/training_s'):.1f}",
-            f"{median(later, 'rollout/sampled_tokens'):.0f}",
-            f"{rate:.0f}",
-            f"{base_step / step_s:.2f}x",
-            f"{rate / base_rate:.2f}x",
-            f"{median(later, 'reward/mean'):+.2f}",
-        ]
-        print("| " + " | ".join(cells) + " |")
+                result = run_child(engine, args, out)
+            else:
+                result, startup = run_server(args, root, out)
+            if engine == "local" and "steps" in result:
+                baseline = result["steps"][1:]
+            print(row(engine, result, startup, baseline), flush=True)
     print("step speed-up = local step s / engine step s; tok/s ratio = engine / local")
     print(f"load average at the end: {os.getloadavg()}")
+
+
+HEADER = [
+    "engine",
+    "start-up s",
+    "step s",
+    "snapshot s",
+    "rollout s",
+    "training s",
+    "sampled tok",
+    "sampler tok/s",
+    "step speed-up",
+    "tok/s ratio",
+    "reward",
+    "load avg (1 min)",
+]
+
+
+def run_server(args: argparse.Namespace, root: Path, out: Path) -> tuple[dict, float | None]:
+    """Start ``vllm serve`` from the exported base model, train against it, stop it."""
+    from retool.backends.vllm.server import ServerProcess, server_env
+
+    model_dir, config = export_base(args.config, args.set, root / "base")
+    server = ServerProcess(
+        model_dir,
+        root / "server.log",
+        env=server_env(config.sampler.threads_bind),
+        dtype=config.sampler.dtype,
+        max_model_len=config.sampler.max_model_len or config.train.max_train_tokens,
+        max_lora_rank=max(8, config.model.lora_rank),
+        kv_cache_gb=config.sampler.kv_cache_gb,
+        enforce_eager=config.sampler.enforce_eager,
+    )
+    try:
+        server.start(timeout=1200)
+        return run_child("server", args, out, url=server.url), server.startup_s
+    except Exception as exc:  # a bench reports what failed and goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}, None
+    finally:
+        server.stop()
+
+
+def row(engine: str, result: dict, startup: float | None, baseline: list[dict]) -> str:
+    if "error" in result:
+        return f"| {engine} | failed: {result['error'][:300]} |"
+    lines = result["steps"]
+    later = lines[1:]
+    if startup is None:
+        start = f"{float(lines[0].get('time/snapshot_s', 0.0)):.1f} (step 1 snapshot)"
+    else:
+        start = f"{startup:.1f} (server)"
+    step_s = median(later, "time/step_s")
+    rate = median(later, "rollout/tokens_per_s")
+    base_step = median(baseline, "time/step_s") if baseline else float("nan")
+    base_rate = median(baseline, "rollout/tokens_per_s") if baseline else float("nan")
+    cells = [
+        engine,
+        start,
+        f"{step_s:.1f}",
+        f"{median(later, 'time/snapshot_s'):.2f}",
+        f"{median(later, 'time/rollout_s'):.1f}",
+        f"{median(later, 'time/training_s'):.1f}",
+        f"{median(later, 'rollout/sampled_tokens'):.0f}",
+        f"{rate:.0f}",
+        f"{base_step / step_s:.2f}x",
+        f"{rate / base_rate:.2f}x",
+        f"{median(later, 'reward/mean'):+.2f}",
+        f"{os.getloadavg()[0]:.1f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":  # vLLM spawns processes: the guard keeps them from rerunning this
