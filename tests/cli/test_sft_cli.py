@@ -45,7 +45,7 @@ def _one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> 
 def test_make_demos_writes_a_loadable_file(tmp_path):
     output = tmp_path / "demos.jsonl"
     done = _retool(
-        "sft", "make-demos", "--dataset", "demo", "--limit", "5", "--output", str(output)
+        "sft", "make-demos", "--dataset", "demo:train", "--limit", "5", "--output", str(output)
     )
     assert done.returncode == 0, done.stderr
     assert "wrote 5 conversations" in done.stdout and "demo:train" in done.stdout

@@ -177,9 +177,14 @@ def _check(config: Any) -> None:
             "demonstrations from the demo dataset's reference solutions, so data.train must "
             'be a demo split ("demo:train"); use `retool sft` and `retool train` for your data'
         )
-    split = config.data.train.partition(":")[2] or "train"
-    eval_split = config.demo.eval_dataset.partition(":")[2]
-    if config.demo.eval_dataset.startswith("demo") and eval_split in ("", split):
+    split = config.data.train.partition(":")[2] or "test"  # bare demo: the test split
+    if split == "test":
+        raise ConfigError(
+            f"data.train = {config.data.train!r} is the demo's held-out test split: "
+            'train on "demo:train"'
+        )
+    eval_split = config.demo.eval_dataset.partition(":")[2] or "test"
+    if config.demo.eval_dataset.startswith("demo") and eval_split == split:
         raise ConfigError(
             f"demo.eval_dataset = {config.demo.eval_dataset!r} is the training split "
             f"({config.data.train!r}): evaluate on held-out problems (demo:test or demo:dev)"

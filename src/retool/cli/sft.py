@@ -119,8 +119,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demos.add_argument(
         "--dataset",
         default="demo:train",
-        help="demo[:train|dev]: only the bundled demo set carries reference solutions "
-        "(default demo:train; test is held out)",
+        help="demo:train or demo:dev: only the bundled demo set carries reference solutions "
+        "(bare demo is the test split, held out)",
     )
     demos.add_argument("--output", required=True, metavar="FILE", help="the JSONL file to write")
     add_number(demos, "--limit", low=1, high=10**7, help="at most N problems (default: all)")
@@ -133,9 +133,14 @@ def _demo_split(spec: str) -> str:
     if name != "demo":
         raise ConfigError(
             f"--dataset {spec}: make-demos needs reference solutions, which only the bundled "
-            "demo dataset has (demo, demo:train or demo:dev)"
+            "demo dataset has (demo:train or demo:dev)"
         )
-    split = split or "train"
+    if not split:
+        # bare `demo` is the test split for every command (eval, rollout, data.train)
+        raise ConfigError(
+            "--dataset demo: bare `demo` is the demo's test split everywhere, held out for "
+            "evaluation; write demonstrations from demo:train (or demo:dev)"
+        )
     if split == "test":
         raise ConfigError("--dataset demo:test: the test split is held out for evaluation")
     return split
