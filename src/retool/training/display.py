@@ -11,6 +11,8 @@ import sys
 
 from tqdm import tqdm
 
+from retool.training.ticker import keep_ticking
+
 
 class Display:
     """An outer bar over steps and an inner one over trajectories (tqdm; silent off a TTY).
@@ -42,6 +44,7 @@ class Display:
             file=sys.stderr,
             dynamic_ncols=True,
         )
+        keep_ticking(self.inner, self.steps)  # elapsed time moves while a straggler decodes
 
     def phase(self, name: str) -> None:
         self.inner.set_description_str(name)
