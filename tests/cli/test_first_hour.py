@@ -181,3 +181,25 @@ def test_every_dataset_help_says_which_split_bare_demo_is(command, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([*command, "--help"])
     assert "test split" in " ".join(capsys.readouterr().out.split())
+
+
+MEASURED = re.compile(
+    r"(?<!default )\b\d+(\.\d+)?\s?(s|ms|tok/s|req/s|GB/s|minutes)\b|\b\d+m\d+s\b"
+)
+
+
+def test_every_readme_paragraph_with_a_measured_time_says_when():
+    """A time or rate in prose comes from a run: its paragraph gives the date (tables and
+    code blocks are dated by the paragraph that introduces them), and the README says
+    once that another machine prints other numbers."""
+    text = README.read_text(encoding="utf-8")
+    assert "Another machine" in text and "prints other numbers" in text
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    undated = [
+        paragraph[:120]
+        for paragraph in re.split(r"\n\s*\n", text)
+        if not paragraph.lstrip().startswith("|")
+        and MEASURED.search(paragraph)
+        and not re.search(r"\b20\d\d-\d\d-\d\d\b", paragraph)
+    ]
+    assert not undated, undated
