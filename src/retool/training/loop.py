@@ -106,6 +106,12 @@ def train(
                 batch = take_batch(examples, cfg.questions_per_batch, step - 1, config.data.seed)
                 journal = run.journal(step)
                 reuse = journal.complete_groups(batch, config.rollout.group_size)
+                # a journal of an older version may hold service failures: sample them again
+                reuse = {
+                    slot: group
+                    for slot, group in reuse.items()
+                    if not any(t.stop_reason in INFRASTRUCTURE_STOPS for t in group)
+                }
 
                 def on_trajectory(event: Any, journal: Any = journal, step: int = step) -> None:
                     # a service failure is not journaled: a resume samples its group again

@@ -69,10 +69,13 @@ def infrastructure_stop(
         return None
     counts = Counter(t.stop_reason for t in trajectories)
     parts = []
-    if n := counts[StopReason.SAMPLER_ERROR]:
-        parts.append(f"{n} in the sampler after {sample_retries} retries each")
-    if n := counts[StopReason.SANDBOX_ERROR]:
-        parts.append(f"{n} in the sandbox after {sandbox_retries} retries each")
+    for reason, where, retries in (
+        (StopReason.SAMPLER_ERROR, "sampler", sample_retries),
+        (StopReason.SANDBOX_ERROR, "sandbox", sandbox_retries),
+    ):
+        if n := counts[reason]:
+            plural = "retry" if retries == 1 else "retries"
+            parts.append(f"{n} in the {where} after {retries} {plural} each")
     error = _last_error(trajectories)
     kept = (
         f"step {completed} is the last completed one and keeps its checkpoint"

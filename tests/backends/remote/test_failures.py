@@ -140,7 +140,7 @@ def test_a_step_whose_every_sample_failed_stops_the_run_and_keeps_the_checkpoint
     assert main(["train", "--config", str(config), "--resume", "--no-progress"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1, err
-    assert "step 2: all 4 trajectories failed (4 in the sampler after 1 retries each" in err[0]
+    assert "step 2: all 4 trajectories failed (4 in the sampler after 1 retry each" in err[0]
     assert "step 1 is the last completed one and keeps its checkpoint" in err[0]
     assert "--resume" in err[0]
     run = RunDirectory(run_dir)
