@@ -74,9 +74,15 @@ def step_summary(step: int, total: int, metrics: dict[str, float]) -> str:
         loss_text = f"loss {loss:+.3g}"
         if "optim/grad_norm" in metrics:
             loss_text += f"  grad norm {metrics['optim/grad_norm']:.3g}"
-    return (
+    line = (
         f"step {step}/{total}  {metrics['time/step_s']:.1f}s  {loss_text}  "
         f"reward {metrics['reward/mean']:+.3f}  correct {metrics['reward/correct']:.3f}  "
         f"code calls {metrics['rollout/code_calls']:.2f}  "
         f"{metrics['rollout/tokens_per_s']:.0f} tok/s"
     )
+    if "rollout/filtered_groups" in metrics:  # rollout.dynamic_sampling is on
+        line += (
+            f"  filtered {metrics['rollout/filtered_groups']:.0f} groups"
+            f" (+{metrics['rollout/extra_questions']:.0f} questions)"
+        )
+    return line
