@@ -22,6 +22,7 @@ class Display:
         self, total_steps: int, first_step: int, per_step: int, enabled: bool, unit: str
     ) -> None:
         disable = None if enabled else True  # None: tqdm turns itself off when not a TTY
+        self.per_step = per_step
         self.steps = tqdm(
             total=total_steps,
             initial=first_step,
@@ -46,11 +47,13 @@ class Display:
     def phase(self, name: str) -> None:
         self.inner.set_description_str(name)
 
-    def advance(self, count: int) -> None:
+    def advance(self, count: int, total: int | None = None) -> None:
+        if total is not None and total != self.inner.total:  # dynamic sampling's extras
+            self.inner.total = total
         self.inner.update(count)
 
     def new_step(self, phase: str) -> None:
-        self.inner.reset()
+        self.inner.reset(total=self.per_step)
         self.inner.set_description_str(phase)
 
     def end_step(self, line: str, advance: bool = True) -> None:

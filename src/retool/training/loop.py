@@ -114,7 +114,7 @@ def train(
                     if event.trajectory is not None and not event.reused:
                         journal.append(event.trajectory)
                         crash_point("journal", step)
-                    display.advance(event.count)
+                    display.advance(event.count, event.total)
 
                 # 1. snapshot: the weights after step - 1 updates, frozen for sampling
                 with phases("snapshot"):
