@@ -213,6 +213,11 @@ class RolloutConfig:
     retry_backoff: float = 0.5  # seconds before the first retry; doubles each attempt
     advantage: str = "mean"  # mean: R - mean(group) | mean_std: (R - mean) / (std + 1e-6)
     share_identical_code: bool = False  # run identical code of one question group once
+    # DAPO's dynamic sampling (training only): groups whose members all scored alike are
+    # dropped, and the step samples further questions, one per dropped group, until it has
+    # train.questions_per_batch informative groups or has drawn max_oversample extra ones.
+    dynamic_sampling: bool = False
+    max_oversample: int = 8  # extra questions one step may draw, in [0, 2**16]
 
     def __post_init__(self) -> None:
         for name in (
@@ -246,6 +251,13 @@ class RolloutConfig:
             )
         if self.advantage not in ("mean", "mean_std"):
             raise ConfigError(f"rollout.advantage must be mean or mean_std; got {self.advantage!r}")
+        check_range("rollout", "max_oversample", self.max_oversample, 0, 2**16, integer=True)
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ConfigError(
+                "rollout.dynamic_sampling needs rollout.group_size >= 2: a group of one always "
+                "scores alike, so every question would be dropped; raise rollout.group_size "
+                "or set rollout.dynamic_sampling = false"
+            )
         _at_least("rollout", "temperature", self.temperature, 0)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")

@@ -61,6 +61,8 @@ EVAL_TOP_P = 0.7
 EVAL_N = 12
 UNUSED = {
     "rollout.group_size": "samples per problem are --val-n",
+    "rollout.dynamic_sampling": "every problem is evaluated; it is a `retool train` setting",
+    "rollout.max_oversample": "every problem is evaluated; it is a `retool train` setting",
     "data": "name the problems with --dataset",
     "train": "`retool eval` does not train",
     "model.base_model": "name the model with --model",

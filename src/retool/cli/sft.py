@@ -73,6 +73,8 @@ UNUSED = {
             "retry_backoff",
             "advantage",
             "share_identical_code",
+            "dynamic_sampling",
+            "max_oversample",
         )
     },
 }

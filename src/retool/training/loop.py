@@ -4,6 +4,9 @@ Per step ``s`` (1-based; seeds and batches derive from it):
 
 1. snapshot the policy into a sampling client (the weights after ``s - 1`` updates);
 2. roll out ``questions_per_batch x group_size`` trajectories (journaled as they end);
+   with ``rollout.dynamic_sampling``, a group whose members all scored alike
+   is dropped and replaced by a question of the step's reserve
+   (:func:`retool.data.take_reserve`, up to ``rollout.max_oversample``);
 3. build one datum per trajectory with a non-zero advantage, scale the
    advantages for the loss aggregation, pack micro-batches by padded area;
 4. ``forward_backward`` per micro-batch, then ONE ``optim_step`` (skipped and
@@ -42,7 +45,7 @@ from typing import Any
 
 from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
-from retool.data import load_dataset, take_batch
+from retool.data import load_dataset, take_batch, take_reserve
 from retool.errors import ServiceError
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import rollout_batch
@@ -104,8 +107,17 @@ def train(
                 display.new_step("sampling")
                 phases = Phases(display.phase)
                 batch = take_batch(examples, cfg.questions_per_batch, step - 1, config.data.seed)
+                reserve = []
+                if config.rollout.dynamic_sampling:  # slots after the batch's, in this order
+                    reserve = take_reserve(
+                        examples,
+                        cfg.questions_per_batch,
+                        config.rollout.max_oversample,
+                        step - 1,
+                        config.data.seed,
+                    )
                 journal = run.journal(step)
-                reuse = journal.complete_groups(batch, config.rollout.group_size)
+                reuse = journal.complete_groups([*batch, *reserve], config.rollout.group_size)
                 # a journal of an older version may hold service failures: sample them again
                 reuse = {
                     slot: group
@@ -122,7 +134,7 @@ def train(
                     if trajectory is not None and not event.reused and not failed:
                         journal.append(trajectory)
                         crash_point("journal", step)
-                    display.advance(event.count)
+                    display.advance(event.count, event.total)
 
                 # 1. snapshot: the weights after step - 1 updates, frozen for sampling
                 with phases("snapshot"):
@@ -143,6 +155,7 @@ def train(
                             reward_timeout=config.reward.timeout,
                             context_limit=cfg.max_train_tokens,
                             reuse=reuse,
+                            reserve=reserve,
                         )
                 finally:
                     close_quietly(sampler, "sampler")
@@ -161,7 +174,7 @@ def train(
                 with phases("datums"):
                     datums = build_training_datums(result.trajectories, cfg.max_train_tokens)
                     datums = scale_advantages(
-                        datums, cfg.loss_aggregation, len(result.trajectories)
+                        datums, cfg.loss_aggregation, len(result.training_trajectories())
                     )
                     micro_batches = session.pack(datums)
                 metrics = dict(result.metrics())
