@@ -36,7 +36,7 @@ from retool.cli.common import (
 )
 from retool.cli.train import preflight
 from retool.config import load_config
-from retool.data.demo import demo_problems
+from retool.data.demo import HELD_OUT_SPLITS, demo_problems
 from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
 from retool.sandbox import open_sandbox
@@ -136,8 +136,8 @@ def _demo_split(spec: str) -> str:
             "demo dataset has (demo, demo:train or demo:dev)"
         )
     split = split or "train"
-    if split == "test":
-        raise ConfigError("--dataset demo:test: the test split is held out for evaluation")
+    if split in ("test", *HELD_OUT_SPLITS):
+        raise ConfigError(f"--dataset demo:{split}: the {split} split is held out for evaluation")
     return split
 
 
