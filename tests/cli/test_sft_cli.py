@@ -65,7 +65,15 @@ def test_make_demos_writes_a_loadable_file(tmp_path):
         (["--limit", "0", "--output", "{out}"], ["--limit must be >= 1"]),
         (["--output", "{dir}/missing/x.jsonl"], ["does not exist"]),
     ],
-    ids=["output-dir", "unknown-split", "test-split", "paraphrase-split", "not-demo", "limit-0", "no-parent"],
+    ids=[
+        "output-dir",
+        "unknown-split",
+        "test-split",
+        "paraphrase-split",
+        "not-demo",
+        "limit-0",
+        "no-parent",
+    ],
 )
 def test_make_demos_bad_inputs_are_one_line_and_write_nothing(tmp_path, args, fragments):
     work = tmp_path / "work"

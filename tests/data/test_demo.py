@@ -130,8 +130,8 @@ def test_every_template_renders_an_answer_the_reward_accepts_and_the_solution_pr
 def test_first_tries_fail_as_their_repair_says():
     problems = [demo_problems("train")[i] for i in range(14)]
     script = "\n".join(
-        f"try:\n    exec({p.first_try!r}, {{}})\nexcept Exception as e:\n    print(type(e).__name__)\n"
-        "else:\n    print('ran')"
+        f"try:\n    exec({p.first_try!r}, {{}})\n"
+        "except Exception as e:\n    print(type(e).__name__)\nelse:\n    print('ran')"
         for p in problems
     )
     out = subprocess.run(
