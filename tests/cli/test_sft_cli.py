@@ -51,6 +51,8 @@ def test_make_demos_writes_a_loadable_file(tmp_path):
     assert "wrote 5 conversations" in done.stdout and "demo:train" in done.stdout
     conversations = load_conversations(output)
     assert [c.id for c in conversations] == [f"demo-train-{i:04d}" for i in range(5)]
+    repaired = sum(1 for c in conversations if c.code_calls == 2)
+    assert f"{repaired} of them a failed first call and its fix" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.jsonl"]
 
 

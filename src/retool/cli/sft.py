@@ -175,8 +175,10 @@ def run_make_demos(args: argparse.Namespace) -> int:
     existed = output.exists()
     written = write_conversations(output, conversations)
     note = f", first: {', '.join(skipped[:5])}" if skipped else ""
+    repaired = sum(1 for c in conversations if c.code_calls > 1)
     print(
-        f"wrote {written} conversations to {output} from demo:{split} "
+        f"wrote {written} conversations to {output} from demo:{split}, {repaired} of them "
+        f"a failed first call and its fix "
         f"({len(skipped)} skipped: sandbox output did not match the answer{note})"
         + ("; replaced the existing file" if existed else "")
     )
