@@ -95,6 +95,7 @@ def test_both_held_out_splits_are_planned_and_an_empty_paraphrase_dataset_drops_
         ('demo.paraphrase_dataset="demo:train"', "demo.paraphrase_dataset"),
         ('data.train="demo:paraphrase"', "data.train"),
         ('data.train="demo:test"', "data.train"),
+        ('data.train="demo"', "data.train"),
         ("demo.eval_n=0", "demo.eval_n"),
         ("demo.sft_learning_rate=nan", "demo.sft_learning_rate"),
     ],

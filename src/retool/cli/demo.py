@@ -186,7 +186,7 @@ def _check(config: Any) -> None:
             "demonstrations from the demo dataset's reference solutions, so data.train must "
             'be a demo split ("demo:train"); use `retool sft` and `retool train` for your data'
         )
-    split = config.data.train.partition(":")[2] or "train"
+    split = config.data.train.partition(":")[2] or "test"  # "demo" alone is the test split
     if split in ("test", *HELD_OUT_SPLITS):
         raise ConfigError(
             f"data.train = {config.data.train!r}: that split is held out for the demo's "
