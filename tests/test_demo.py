@@ -115,7 +115,9 @@ def test_quick_demo_on_smollm2(tmp_path, capsys):
     code = main(["demo", "--quick", "--output", str(tmp_path), "--no-progress"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    table = out[out.index("held-out results") :]
-    assert [line.split()[0] for line in table.splitlines()[3:6]] == ["base", "SFT", "RL"]
+    results = out[out.index("held-out results") :]
+    for split in ("demo:test", "demo:paraphrase"):
+        table = results[results.index(f"\n{split}: 8 problems x 2 samples") :].splitlines()
+        assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
     (root,) = tmp_path.iterdir()
     assert (root / "report" / "report.html").is_file()
