@@ -36,7 +36,7 @@ from retool.cli.common import (
 )
 from retool.cli.train import preflight
 from retool.config import load_config
-from retool.data.demo import demo_problems
+from retool.data.demo import HELD_OUT_SPLITS, demo_problems
 from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
 from retool.sandbox import open_sandbox
@@ -143,8 +143,8 @@ def _demo_split(spec: str) -> str:
             "--dataset demo: bare `demo` is the demo's test split everywhere, held out for "
             "evaluation; write demonstrations from demo:train (or demo:dev)"
         )
-    if split == "test":
-        raise ConfigError("--dataset demo:test: the test split is held out for evaluation")
+    if split in ("test", *HELD_OUT_SPLITS):
+        raise ConfigError(f"--dataset demo:{split}: the {split} split is held out for evaluation")
     return split
 
 
@@ -182,8 +182,10 @@ def run_make_demos(args: argparse.Namespace) -> int:
     existed = output.exists()
     written = write_conversations(output, conversations)
     note = f", first: {', '.join(skipped[:5])}" if skipped else ""
+    repaired = sum(1 for c in conversations if c.code_calls > 1)
     print(
-        f"wrote {written} conversations to {output} from demo:{split} "
+        f"wrote {written} conversations to {output} from demo:{split}, {repaired} of them "
+        f"a failed first call and its fix "
         f"({len(skipped)} skipped: sandbox output did not match the answer{note})"
         + ("; replaced the existing file" if existed else "")
     )
