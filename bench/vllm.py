@@ -166,6 +166,7 @@ HEADER = [
 def run_server(args: argparse.Namespace, root: Path, out: Path) -> tuple[dict, float | None]:
     """Start ``vllm serve`` from the exported base model, train against it, stop it."""
     from retool.backends.vllm.server import ServerProcess, server_env
+    from retool.backends.vllm.sync import lora_rank_slot
 
     model_dir, config = export_base(args.config, args.set, root / "base")
     server = ServerProcess(
@@ -174,7 +175,7 @@ def run_server(args: argparse.Namespace, root: Path, out: Path) -> tuple[dict, f
         env=server_env(config.sampler.threads_bind),
         dtype=config.sampler.dtype,
         max_model_len=config.sampler.max_model_len or config.train.max_train_tokens,
-        max_lora_rank=max(8, config.model.lora_rank),
+        max_lora_rank=lora_rank_slot(config.model.lora_rank),
         kv_cache_gb=config.sampler.kv_cache_gb,
         enforce_eager=config.sampler.enforce_eager,
     )
