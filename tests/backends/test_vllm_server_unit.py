@@ -216,14 +216,19 @@ def test_policy_sampler_publishes_each_step_once(fake, tmp_path):
     trainer = FakeTrainer(tmp_path)
     sampler = ServerPolicySampler(trainer, VllmServers([fake.url]))
     first = sampler.snapshot()
-    assert first.policy_version == "policy-step-0" and list(fake.adapters) == ["policy-step-0"]
-    assert sampler.snapshot().policy_version == "policy-step-0" and len(trainer.saved) == 1
+    tag = sampler.run_tag
+    assert first.policy_version == f"policy-step-0.{tag}" and list(fake.adapters) == [
+        f"policy-step-0.{tag}"
+    ]
+    assert sampler.snapshot().policy_version == f"policy-step-0.{tag}"
+    assert len(trainer.saved) == 1
     trainer.steps = 1
     client = sampler.snapshot()
-    assert list(fake.adapters) == ["policy-step-1"] and len(trainer.saved) == 2
+    assert list(fake.adapters) == [f"policy-step-1.{tag}"] and len(trainer.saved) == 2
     assert not (tmp_path / trainer.saved[0]).exists()  # the retired adapter's directory
     seq = client.sample(ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)).result()
-    assert seq.sequences[0].policy_version == client.policy_version == "policy-step-1"
+    assert seq.sequences[0].policy_version == client.policy_version == f"policy-step-1.{tag}"
+    assert ServerPolicySampler(trainer, VllmServers([fake.url])).run_tag != tag  # per run
     assert client.max_context_tokens == 512 and len(sampler.sync_seconds) == 2
     sampler.close()
     assert fake.adapters == {} and not (tmp_path / trainer.saved[1]).exists()

@@ -184,3 +184,31 @@ def test_lora_publish_round_trip(servers, local, tiny_llama):
     assert np.max(np.abs(np.subtract(theirs.logprobs, ours.logprobs))) < LOGPROB_TOL
     with pytest.raises(BackendError, match="policy-step-1"):
         servers.client(policy_name(1), tokenizer).sample(prompt, 1, greedy).result()
+
+
+def test_retool_train_samples_from_the_server(server, tiny_llama, tmp_path, capsys, monkeypatch):
+    """Two RL steps with ``sampler.urls``: each step's adapter published, every sample checked."""
+    import json
+    from pathlib import Path
+
+    from retool.cli import main
+    from tests.builders import write_run_toml
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))  # the test rewards
+    config = write_run_toml(
+        tmp_path / "run.toml",
+        model={"base_model": str(tiny_llama), "lora_rank": 4, "dtype": "float32"},
+        rollout={"group_size": 4},
+        sampler={"engine": "vllm", "sync": "lora", "urls": server.url},
+    )
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["train/datums"] > 0 for m in metrics)
+    # a float32 server and trainer: the same policy up to rounding
+    assert all(abs(m["train/sampler_kl"]) < 1e-4 for m in metrics), metrics
+    served = [m.id for m in VllmServers([server.url]).models()[0]]
+    assert not [name for name in served if "." in name]  # the run's tagged adapters unloaded
+    assert not list((run_dir / "checkpoints" / "sampler").glob("vllm_server_policy_step_*"))

@@ -33,7 +33,8 @@ Design, and why:
   layer of its own either).
 * **Weight sync (``lora``).** After each optimizer step the trainer's PEFT
   adapter directory is published to every server
-  (``POST /v1/load_lora_adapter``, name ``policy-step-N``, which needs the
+  (``POST /v1/load_lora_adapter``, name ``policy-step-N.<run tag>``: a server
+  may outlive a run and serve several, which must not share names; it needs the
   server started with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
   ``--enable-lora --max-lora-rank R``), the older names are unloaded
   (``/v1/unload_lora_adapter``), and the step's client asks for that name.
@@ -63,6 +64,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -433,9 +435,10 @@ def _decode(status: int, payload: bytes, endpoint: Endpoint, path: str) -> Any:
         ) from None
 
 
-def policy_name(step: int) -> str:
-    """The served name of the policy after ``step`` optimizer steps."""
-    return f"{POLICY_PREFIX}{int(step)}"
+def policy_name(step: int, run_tag: str = "") -> str:
+    """The served name of the policy after ``step`` optimizer steps (``policy-step-N``), with
+    the run's tag when given (``policy-step-N.3fa9c1``)."""
+    return f"{POLICY_PREFIX}{int(step)}" + (f".{run_tag}" if run_tag else "")
 
 
 # -- the sampling client --------------------------------------------------------------------
@@ -622,6 +625,9 @@ class ServerPolicySampler:
         self.servers = servers
         self.tokenizer = trainer.get_tokenizer()
         self.base = servers.base_model()
+        # Servers outlive runs and may serve several: a tag per run keeps two runs' (or a
+        # crashed run's) policy-step-N apart, so a reply's model name is evidence of this run.
+        self.run_tag = secrets.token_hex(3)
         self.synced_step: int | None = None
         self.sync_seconds: list[float] = []
         self._adapter_dir: Path | None = None
@@ -636,13 +642,15 @@ class ServerPolicySampler:
             self.publish(step)
             self.sync_seconds.append(time.monotonic() - started)
             self.synced_step = step
-        return self.servers.client(policy_name(step), self.tokenizer, self.base.max_model_len)
+        return self.servers.client(
+            policy_name(step, self.run_tag), self.tokenizer, self.base.max_model_len
+        )
 
     def publish(self, step: int) -> None:
-        """Save the trainer's adapter and load it on every server as ``policy-step-<step>``."""
+        """Save the trainer's adapter; load it on every server as ``policy-step-<step>.<tag>``."""
         saved = self.trainer.save_weights_for_sampler(f"vllm_server_policy_step_{step:06d}")
         path = Path(saved.result().path)
-        self.servers.publish(policy_name(step), path)
+        self.servers.publish(policy_name(step, self.run_tag), path)
         old, self._adapter_dir = self._adapter_dir, path
         if old is not None and old != path:
             shutil.rmtree(old, ignore_errors=True)
