@@ -210,10 +210,10 @@ class VllmEngine:
             for output in outputs:
                 if not output.finished:
                     continue
-                future = self._active.pop(output.request_id, None)
-                if future is not None:
+                done = self._active.pop(output.request_id, None)
+                if done is not None:
                     self.tokens += sum(len(c.token_ids) for c in output.outputs)
-                    future.set_result(output)
+                    done.set_result(output)
 
     def _die(self, exc: BaseException) -> None:
         log.error("the vLLM engine failed: %s", exc)
