@@ -36,6 +36,10 @@ class StalePolicyError(BackendError):
     """A sample came from other weights than the step's policy (a weight sync did not apply)."""
 
 
+class ServiceError(RetoolError):
+    """A service the run depends on (sampler, sandbox) kept failing after every retry."""
+
+
 class DependencyError(RetoolError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
