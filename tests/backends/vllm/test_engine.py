@@ -51,7 +51,7 @@ def _sample(client, prompt, n=1, **params):
 
 
 def _train_one_step(trainer):
-    tokens = PROMPT + [7, 8, 9, 10]
+    tokens = [*PROMPT, 7, 8, 9, 10]
     datum = Datum(
         ModelInput.from_ints(tokens[:-1]),
         {
@@ -111,7 +111,7 @@ def test_stop_token_and_stop_string_are_kept(policy):
 
 
 def test_compute_logprobs_matches_the_forward(policy, trainer):
-    tokens = PROMPT + [7, 8, 9]
+    tokens = [*PROMPT, 7, 8, 9]
     got = policy.snapshot().compute_logprobs(ModelInput.from_ints(tokens)).result(300)
     expected = _forward_logprobs(trainer, tokens[:1], tokens[1:])
     assert got[0] is None
@@ -133,7 +133,9 @@ def test_merged_sync_follows_the_trainer_and_a_stale_engine_is_refused(
     assert max(abs(a - b) for a, b in zip(expected, new.logprobs, strict=True)) <= 1e-4
     # the engine really changed: the old tokens now score as the trained policy says
     rescored = after.compute_logprobs(ModelInput.from_ints(PROMPT + list(old.tokens))).result(300)
-    assert max(abs(a - b) for a, b in zip(old.logprobs, rescored[len(PROMPT) :])) > 1e-3
+    assert (
+        max(abs(a - b) for a, b in zip(old.logprobs, rescored[len(PROMPT) :], strict=True)) > 1e-3
+    )
 
     # A sync that silently does nothing: the engine keeps the previous weights and label.
     monkeypatch.setattr(policy, "push_merged", lambda step: None)

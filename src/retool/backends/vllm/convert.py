@@ -96,7 +96,7 @@ def _pick(entry: Any, token: int) -> float | None:
     if entry is None:
         return None
     if isinstance(entry, Mapping):
-        value = entry.get(token)
+        value: Any = entry.get(token)
         if value is None:
             return None
         return float(getattr(value, "logprob", value))

@@ -33,19 +33,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import importlib
 import itertools
 import logging
 import os
+import random
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 from retool.backends.vllm.convert import completion_sequence, prompt_logprobs, request_fields
 from retool.backends.vllm.sync import export_model, iter_weights, lora_rank_slot
@@ -102,6 +106,24 @@ def import_vllm() -> Any:
     return vllm
 
 
+@contextlib.contextmanager
+def _global_rng_kept() -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global generators after the block.
+
+    An in-process engine calls ``set_random_seed(seed)`` on start; the trainer's
+    checkpoints hold those generators, so a resumed run must not see them reset.
+    """
+    import torch
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
 class VllmEngine:
     """One ``vllm.LLM`` engine, driven by one thread (see the module docstring)."""
 
@@ -126,7 +148,8 @@ class VllmEngine:
                 enable_lora=True, max_lora_rank=lora_rank_slot(options.lora_rank), max_loras=2
             )
         try:
-            self.llm = self.vllm.LLM(**kwargs)
+            with _global_rng_kept():  # vLLM seeds the process's generators in-process
+                self.llm = self.vllm.LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; say which model and why
             why = " ".join(str(exc).split())[:300] or type(exc).__name__
             raise BackendError(f"vllm: the engine did not start for {model_dir}: {why}") from exc
@@ -210,10 +233,10 @@ class VllmEngine:
             for output in outputs:
                 if not output.finished:
                     continue
-                future = self._active.pop(output.request_id, None)
-                if future is not None:
+                done = self._active.pop(output.request_id, None)
+                if done is not None:
                     self.tokens += sum(len(c.token_ids) for c in output.outputs)
-                    future.set_result(output)
+                    done.set_result(output)
 
     def _die(self, exc: BaseException) -> None:
         log.error("the vLLM engine failed: %s", exc)
