@@ -241,7 +241,7 @@ def build_root(
             os.symlink(os.readlink(src), dst)  # /bin -> usr/bin on merged-/usr systems
             continue
         os.makedirs(dst, exist_ok=True)
-        linux.mount(src, dst, None, linux.MS_BIND | linux.MS_REC)
+        linux.mount(call_view(src), dst, None, linux.MS_BIND | linux.MS_REC)
         linux.mount(None, dst, None, ro)
     empty = new_root + "/.empty"  # what a masked file shows; gone with the root's umount
     open(empty, "w").close()
@@ -1009,30 +1009,41 @@ NEUTRAL_ROOT = "/opt"
 NEUTRAL_PYTHON = NEUTRAL_ROOT + "/python"
 NEUTRAL_RUNTIME = NEUTRAL_ROOT + "/runtime"
 NEUTRAL_SITE = NEUTRAL_ROOT + "/site"  # then /opt/site1, /opt/site2, ...
-_LAYERS_DIR = NEUTRAL_ROOT + "/.layers"
+_CALL_VIEW = NEUTRAL_ROOT + "/.call"  # the overlays calls bind (see _neutral_mount)
 _SERVER_BOOT = (
     "import sys; sys.path += sys.argv.pop(1).split(':'); "
     "from retool_sandbox_rt.server import main; main()"
 )
 
 
-def _overlay(source_fd: int, name: str, target: str) -> None:
-    """Show the directory ``source_fd`` at ``target`` as a read-only overlay.
+def _neutral_mount(source_fd: int, target: str) -> None:
+    """Show the directory ``source_fd`` at ``target`` (the server's view) and, as a
+    read-only overlay of that, at ``target`` below ``/opt/.call`` (the calls' view).
 
-    A bind mount would do, but its mountinfo line names its source directory
-    (the "root" field is the path inside the filesystem: the checkout, the
-    home directory). An overlay's root is its own ("/"), and its options name
-    only the layer paths given here, which are neutral; the binds under
-    ``/opt/.layers`` that carry the host paths stay in the server's namespace,
-    gone from a call's once it pivots into its own root.
+    The server imports through a plain bind (the host's dentry cache, as fast
+    as before). A call's root gets the overlay: a bind's mountinfo line names
+    its source directory (the "root" field, the path inside the filesystem:
+    the checkout, a home directory); an overlay's root is its own ("/") and
+    its options name only ``target``. Both show the same files, so every path
+    the server holds (``__file__``, code objects, ``sys.path``) is right in the
+    call, and maps show the neutral path whichever view mapped the file.
     """
-    layer = f"{_LAYERS_DIR}/{name}"
-    os.makedirs(layer)
-    os.makedirs(target, exist_ok=True)
-    linux.mount(f"/proc/self/fd/{source_fd}", layer, None, linux.MS_BIND)
     flags = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
+    os.makedirs(target, exist_ok=True)
+    linux.mount(f"/proc/self/fd/{source_fd}", target, None, linux.MS_BIND)
+    linux.mount(None, target, None, linux.MS_BIND | linux.MS_REMOUNT | flags)
+    view = _CALL_VIEW + target[len(NEUTRAL_ROOT) :]
+    os.makedirs(view)
     # Two lower layers (the second empty): a read-only overlay needs no upper one.
-    linux.mount("overlay", target, "overlay", flags, f"lowerdir={layer}:{_LAYERS_DIR}/empty")
+    linux.mount("overlay", view, "overlay", flags, f"lowerdir={target}:{_CALL_VIEW}/.empty")
+
+
+def call_view(path: str) -> str:
+    """Where a call's root binds ``path`` from: its overlay when it has one."""
+    if path == NEUTRAL_ROOT or not path.startswith(NEUTRAL_ROOT + "/"):
+        return path
+    view = _CALL_VIEW + path[len(NEUTRAL_ROOT) :]
+    return view if os.path.isdir(view) else path
 
 
 def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str]:
@@ -1069,11 +1080,11 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str]:
             linux.MS_NOSUID | linux.MS_NODEV,
             "size=64k,nr_inodes=256,mode=0755",
         )
-        os.makedirs(f"{_LAYERS_DIR}/empty")
+        os.makedirs(f"{_CALL_VIEW}/.empty")
         targets = [NEUTRAL_PYTHON, NEUTRAL_RUNTIME]
         targets += [NEUTRAL_SITE + (str(i) if i else "") for i in range(len(sources) - 2)]
-        for i, (fd, target) in enumerate(zip(fds, targets, strict=True)):
-            _overlay(fd, str(i), target)
+        for fd, target in zip(fds, targets, strict=True):
+            _neutral_mount(fd, target)
     finally:
         for fd in fds:
             os.close(fd)
