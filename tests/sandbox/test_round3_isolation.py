@@ -138,8 +138,7 @@ def _check_host_facts(facts: dict, workdir: str) -> None:
     assert facts["meta"] and all(text == "" for text in facts["meta"].values()), facts["meta"]
     assert "retool-sandbox-" not in facts["cgroup"]
     assert not any(workdir in path for path in facts["fds"]), facts["fds"]
-    # Not yet hidden: the runtime copy's directory and the interpreter's site-packages
-    # keep their host paths (sys.path, mountinfo).
+    # The paths of the interpreter, site-packages and runtime: test_neutral_paths.py.
 
 
 def _pair(sandbox: LocalSandbox, tag: str) -> tuple[str, str]:

@@ -1290,6 +1290,7 @@ def main(argv: list[str] | None = None) -> None:
     # Calls are forked from here: none of them may read our arguments (the work
     # directory, the import path) from /proc/<pid>/cmdline.
     linux.hide_command_line("retool-sandbox")
+    sys.orig_argv[:] = sys.argv[:] = ["retool-sandbox"]  # Python's own copies too
     state = json.loads(args.resume) if args.resume else _host_side(args, disabled)
     _serve(args, disabled, state)
 
