@@ -25,7 +25,7 @@ from typing import Any
 import retool
 from retool.sandbox import LocalSandbox
 
-ATTACK = r'''
+ATTACK = r"""
 import gc, os, sys
 def main():
     paths = [bytes.fromhex(h).decode() for h in PATHS]
@@ -97,18 +97,22 @@ def main():
             fail()
         except Exception:
             look(where, traceback.format_exc())
-            look(where + " (frames)", repr([f.filename for f in traceback.extract_tb(sys.exc_info()[2])]))
+            frames = traceback.extract_tb(sys.exc_info()[2])
+            look(where + " (frames)", repr([f.filename for f in frames]))
     frame, depth = sys._getframe().f_back, 0  # above the search
     while frame is not None:
         look("frame %d" % depth, frame.f_code.co_filename, False)
         for key, value in list(frame.f_locals.items()):
-            look("frame %d local %s" % (depth, key), value if isinstance(value, str) else repr(value)[:100000], False)
+            text = value if isinstance(value, str) else repr(value)[:100000]
+            look("frame %d local %s" % (depth, key), text, False)
         frame, depth = frame.f_back, depth + 1
     for obj in gc.get_objects():
         if id(obj) in skip or obj is skip:
             continue
         try:
-            values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+            values = obj.values() if isinstance(obj, dict) else obj
+            if not isinstance(obj, (dict, list, tuple)):
+                continue
             for value in list(values):
                 look("memory (%s)" % type(obj).__name__, value, False)
         except Exception:
@@ -116,7 +120,7 @@ def main():
     return {"hits": hits, "sys_path": sys.path, "executable": sys.executable}
 import json
 print(json.dumps(main()))
-'''
+"""
 
 
 def needles() -> tuple[list[str], str]:
@@ -145,7 +149,7 @@ def attack(sandbox: LocalSandbox) -> dict[str, Any]:
         "level": sandbox.isolation_level.value,
         "missing": list(sandbox.missing),
         "layers": list(sandbox.layers),
-        "needles": paths + [host],
+        "needles": [*paths, host],
         "ok": result.ok,
         "stderr": result.stderr[-2000:],
     }
