@@ -9,7 +9,9 @@ root, fds) and its init's, ``os.getcwd()``, the environment, tracebacks raised
 inside the standard library (and numpy where preloaded), and memory: every
 frame above the code and every string in a container the collector tracks.
 The needles travel hex-encoded and are skipped by identity, so the search does
-not find itself. Standard library and ``retool.sandbox`` only:
+not find itself. ``clocks`` reads the host's uptime and process count the way
+``sysinfo`` and ``clock_gettime`` would give them. Standard library and
+``retool.sandbox`` only:
 ``trainers.py`` also runs this module as a non-root trainer.
 """
 
@@ -158,6 +160,34 @@ def attack(sandbox: LocalSandbox) -> dict[str, Any]:
     return out
 
 
+CLOCKS = r"""
+import ctypes, errno, json, time
+libc = ctypes.CDLL(None, use_errno=True)
+info = ctypes.create_string_buffer(256)
+status = libc.sysinfo(info)
+print(json.dumps({
+    "boottime": time.clock_gettime(time.CLOCK_BOOTTIME),
+    "monotonic": time.clock_gettime(time.CLOCK_MONOTONIC),
+    "sysinfo": [status, errno.errorcode.get(ctypes.get_errno(), "")],
+    "uptime_from_sysinfo": int.from_bytes(info.raw[:8], "little", signed=True),
+}))
+"""
+
+
+def clocks(sandbox: LocalSandbox) -> dict[str, Any]:
+    """What a call learns of the host's uptime and process count (issue 21, class 6)."""
+    with open("/proc/uptime") as handle:
+        host_uptime = float(handle.read().split()[0])
+    result = sandbox.run(CLOCKS)
+    facts: dict[str, Any] = {"host_uptime": host_uptime, "ok": result.ok}
+    facts["level"] = sandbox.isolation_level.value
+    if result.ok:
+        facts.update(json.loads(result.stdout))
+    else:
+        facts["stderr"] = result.stderr[-2000:]
+    return facts
+
+
 def run_all() -> dict[str, Any]:
     results: dict[str, Any] = {"uid": os.geteuid()}
     # A fork server with the standard library preloaded, and fresh mode (a new
@@ -168,6 +198,8 @@ def run_all() -> dict[str, Any]:
                 timeout=20, memory_mb=256, max_workers=1, preload=preload, max_output_bytes=65536
             ) as sandbox:
                 results[name] = attack(sandbox)
+                if name == "forked":
+                    results["clocks"] = clocks(sandbox)
         except Exception as exc:  # one broken scenario must not hide the other
             results[name] = {"scenario_error": f"{type(exc).__name__}: {exc}"}
     return results

@@ -473,6 +473,23 @@ def _unshare_call_namespaces(off: frozenset[str]) -> None:
         flags |= linux.CLONE_NEWNET
     linux.unshare(flags)
     linux.sethostname(HOSTNAME)
+    if "timens" not in off:
+        _fresh_clocks()
+
+
+def _fresh_clocks() -> None:
+    """A time namespace for B's children (the call): CLOCK_MONOTONIC and
+    CLOCK_BOOTTIME, and so ``sysinfo``'s uptime, start again near 0, so the call
+    learns neither how long the host has been up nor, from two calls' clocks,
+    anything that a fresh start per call would not show. Offsets must be written
+    before a process enters the namespace: C is forked after this."""
+    linux.unshare(linux.CLONE_NEWTIME)
+    lines = [
+        f"{name} {-int(time.clock_gettime(clock))} 0"
+        for name, clock in (("monotonic", time.CLOCK_MONOTONIC), ("boottime", time.CLOCK_BOOTTIME))
+    ]
+    with open("/proc/self/timens_offsets", "w") as handle:
+        handle.write("\n".join(lines) + "\n")
 
 
 def _out_of_reach() -> None:
@@ -931,6 +948,8 @@ CALL_LAYERS = {
     "netns": "a network namespace per call (no socket names, pairs or ports shared)",
     "cgroupns": "a cgroup namespace per call (/proc/self/cgroup shows /)",
     "etc": "a minimal /etc (loader cache, time zone, a passwd naming no host user)",
+    "timens": "a time namespace per call (monotonic and boot-time clocks, and sysinfo's "
+    "uptime, start near 0: no host uptime)",
     "procmask": "host facts in /proc masked (" + ", ".join(p[6:] for p in PROC_MASKS) + ")",
 }
 
