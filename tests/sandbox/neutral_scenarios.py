@@ -84,6 +84,18 @@ def main():
             look("/proc/%s/%s" % (pid, name), link("/proc/%s/%s" % (pid, name)))
         for fd in range(64):
             look("/proc/%s/fd/%d" % (pid, fd), link("/proc/%s/fd/%d" % (pid, fd)))
+    for entry in sys.path:  # install metadata: an editable install names its checkout
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".pth", ".egg-link")) or name.startswith("__editable__"):
+                look("%s/%s" % (entry, name), read(os.path.join(entry, name)))
+            elif name.endswith(".dist-info"):
+                for meta in ("direct_url.json", "RECORD"):
+                    path = os.path.join(entry, name, meta)
+                    look(path, read(path))
     look("getcwd", os.getcwd())
     look("environ", repr(dict(os.environ)))
     look("uname", repr(os.uname()))

@@ -85,6 +85,7 @@ PROBE = textwrap.dedent(
         except OSError as exc:
             return "<%s>" % type(exc).__name__
     sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    sites += [p for p in sys.path if p.startswith("/opt/site")]  # their neutral paths
     meta = {}
     for site in filter(os.path.isdir, sites):
         for path in glob.glob(site + "/*.pth") + glob.glob(site + "/*.dist-info/direct_url.json"):

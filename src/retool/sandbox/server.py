@@ -127,6 +127,13 @@ def readonly_paths() -> list[str]:
     return seen
 
 
+def _is_site(entry: str) -> bool:
+    """A site-packages directory: by its name, or at its neutral path (/opt/site...)."""
+    entry = entry.rstrip("/")
+    neutral = entry.startswith(NEUTRAL_SITE) and entry[len(NEUTRAL_SITE) :].isdigit()
+    return entry.endswith(("site-packages", "dist-packages")) or entry == NEUTRAL_SITE or neutral
+
+
 def masked_paths() -> list[str]:
     """Paths hidden from calls (an empty read-only tmpfs over a directory, an empty
     file over a file): our own package, if it is installed (not editable) in
@@ -141,7 +148,7 @@ def masked_paths() -> list[str]:
         candidate = os.path.join(entry, "retool")
         if os.path.isdir(candidate):
             found.append(os.path.realpath(candidate))
-        if not entry.rstrip("/").endswith(("site-packages", "dist-packages")):
+        if not _is_site(entry):
             continue
         for name in sorted(os.listdir(entry)):
             path = os.path.join(entry, name)
