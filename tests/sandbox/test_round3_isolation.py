@@ -265,3 +265,5 @@ def test_sandbox_check_lists_every_layer():
     listed = "\n".join(layers)
     for words in ("network namespace per call", "cgroup namespace", "minimal /etc", "seccomp"):
         assert words in listed, out.stdout
+    for words in ("time namespace per call", "neutral paths: ", "sysinfo"):
+        assert words in listed, out.stdout

@@ -979,7 +979,7 @@ def call_layers(
     ]
     if use_seccomp:
         common.append(
-            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets)"
+            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets, sysinfo)"
         )
     if cgroup:
         common.append("a cgroup per call (memory, processes, killed whole after the call)")
