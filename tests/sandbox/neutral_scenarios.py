@@ -1,7 +1,8 @@
 """Issue 21, what stayed open of class 6: no path of the trainer's machine in a call.
 
 The attacker searches every string it can reach for the trainer's checkout,
-virtual environment, interpreter installation, home directory and host name:
+virtual environment, interpreter installation, home directory, the sandbox's
+work directory and the host name:
 ``sys.path``, ``sys.prefix`` & co., ``sys.executable``, ``sys.orig_argv``,
 every module's ``__file__``/``__cached__``/``__path__``, every function's code
 file name, ``/proc/self`` (mountinfo, mounts, maps, environ, cmdline, exe, cwd,
@@ -156,6 +157,7 @@ def needles() -> tuple[list[str], str]:
 
 def attack(sandbox: LocalSandbox) -> dict[str, Any]:
     paths, host = needles()
+    paths.append(sandbox._dir)  # the sandbox's own work directory on the host
     code = ATTACK.replace("PATHS", repr([p.encode().hex() for p in paths]), 1)
     code = code.replace("HOST", repr(host.encode().hex()), 1)
     result = sandbox.run(code)

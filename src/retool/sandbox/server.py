@@ -1035,6 +1035,7 @@ NEUTRAL_ROOT = "/opt"
 NEUTRAL_PYTHON = NEUTRAL_ROOT + "/python"
 NEUTRAL_RUNTIME = NEUTRAL_ROOT + "/runtime"
 NEUTRAL_SITE = NEUTRAL_ROOT + "/site"  # then /opt/site1, /opt/site2, ...
+NEUTRAL_WORK = NEUTRAL_ROOT + "/work"  # the server's --dir (never bound into a call)
 _CALL_VIEW = NEUTRAL_ROOT + "/.call"  # the overlays calls bind (see _neutral_mount)
 _SERVER_BOOT = (
     "import sys; sys.path += sys.argv.pop(1).split(':'); "
@@ -1072,11 +1073,13 @@ def call_view(path: str) -> str:
     return view if os.path.isdir(view) else path
 
 
-def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str]:
+def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
     """In the server's own mount namespace, mount the interpreter at ``/opt/python``,
     the runtime copy at ``/opt/runtime`` and each site-packages directory at
     ``/opt/site``, ``/opt/site1``...; returns (the interpreter there, the import
-    path there, what it needs in ``LD_LIBRARY_PATH``). Raises ``OSError``.
+    path there, what it needs in ``LD_LIBRARY_PATH``, the work directory there:
+    ``/opt/work``, so that no path the server holds, and so no string in a
+    call's memory, names it). Raises ``OSError``.
 
     The server then re-executes itself from there (same pid, same descriptors),
     so every path it imports, maps or runs from, and so every path its calls
@@ -1097,7 +1100,7 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str]:
         raise OSError(0, f"no {NEUTRAL_ROOT} to mount on")
     runtime, *sites = boot_path.split(":")
     sources = [base, runtime, *(s for s in sites if os.path.isdir(s))]
-    fds = [os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for s in sources]
+    fds = [os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for s in [workdir, *sources]]
     try:
         linux.mount(
             "tmpfs",
@@ -1109,7 +1112,9 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str]:
         os.makedirs(f"{_CALL_VIEW}/.empty")
         targets = [NEUTRAL_PYTHON, NEUTRAL_RUNTIME]
         targets += [NEUTRAL_SITE + (str(i) if i else "") for i in range(len(sources) - 2)]
-        for fd, target in zip(fds, targets, strict=True):
+        os.makedirs(NEUTRAL_WORK)
+        linux.mount(f"/proc/self/fd/{fds[0]}", NEUTRAL_WORK, None, linux.MS_BIND)
+        for fd, target in zip(fds[1:], targets, strict=True):
             _neutral_mount(fd, target)
     finally:
         for fd in fds:
@@ -1120,6 +1125,7 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str]:
         os.path.join(NEUTRAL_PYTHON, relative),
         ":".join(targets[1:]),
         NEUTRAL_PYTHON + "/lib",
+        NEUTRAL_WORK,
     )
 
 
@@ -1384,14 +1390,14 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
         missing.append(f"{NEUTRAL_LAYER} ({why})")
         return state
     try:
-        executable, boot_path, libs = neutral_layout(args.dir, args.boot_path)
+        executable, boot_path, libs, work = neutral_layout(args.dir, args.boot_path)
     except OSError as exc:
         missing.append(f"{NEUTRAL_LAYER} ({exc.strerror or exc})")
         return state
     state.update(neutral=True, boot_path=boot_path)
     os.set_inheritable(alive_w, True)  # the reaper's sign that the server is alive
     argv = [executable, "-I", "-S", "-c", _SERVER_BOOT, boot_path]
-    argv += ["--dir", args.dir, "--preload", args.preload, "--isolation", args.isolation]
+    argv += ["--dir", work, "--preload", args.preload, "--isolation", args.isolation]
     argv += ["--memory-mb", str(args.memory_mb), "--boot-path", boot_path]
     argv += ["--disable", args.disable, "--resume", json.dumps(state)]
     os.execve(executable, argv, {**os.environ, "LD_LIBRARY_PATH": libs})
