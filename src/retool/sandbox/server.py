@@ -1116,6 +1116,12 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
         linux.mount(f"/proc/self/fd/{fds[0]}", NEUTRAL_WORK, None, linux.MS_BIND)
         for fd, target in zip(fds[1:], targets, strict=True):
             _neutral_mount(fd, target)
+    except OSError:
+        # No overlays here (an old kernel, a container refusing them): the host's /opt,
+        # which may hold the interpreter (/opt/conda), comes back with everything on it.
+        with contextlib.suppress(OSError):
+            linux.umount2(NEUTRAL_ROOT, linux.MNT_DETACH)
+        raise
     finally:
         for fd in fds:
             os.close(fd)
