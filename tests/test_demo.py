@@ -5,6 +5,8 @@ import json
 import pytest
 
 from retool.cli import main
+from retool.cli.demo import _held_out, _plan
+from retool.config import load_config
 
 TINY = [
     'model.base_model="tiny-random"',
@@ -24,23 +26,38 @@ def _sets(values):
     return [a for v in values for a in ("--set", v)]
 
 
-def test_demo_runs_base_sft_rl_evaluations_and_report(tmp_path, capsys):
+def test_demo_runs_base_sft_rl_evaluations_on_both_held_out_splits_and_report(tmp_path, capsys):
     argv = ["demo", "--config", "configs/demo.toml", *_sets(TINY)]
     code = main([*argv, "--output", str(tmp_path), "--no-progress"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     assert "self-check: 7/7 reference trajectories scored +1" in out
     (root,) = tmp_path.iterdir()
-    for label in ("base", "sft", "rl"):
-        rows = (root / "eval" / f"{label}.jsonl").read_text().splitlines()
-        assert len(rows) == 1 + 2 * 2 + 1  # header, 2 problems x 2 samples, summary
+    for split, suffix in (("demo:test", ""), ("demo:paraphrase", "-paraphrase")):
+        problems = set()
+        for label in ("base", "sft", "rl"):
+            lines = (root / "eval" / f"{label}{suffix}.jsonl").read_text().splitlines()
+            assert len(lines) == 1 + 2 * 2 + 1  # header, 2 problems x 2 samples, summary
+            rows = [json.loads(line) for line in lines[1:-1]]
+            problems.add(tuple(sorted({row["problem_id"] for row in rows})))
+            assert f"--dataset {split} --val-n 2 --output {root / 'eval' / label}{suffix}" in out
+        # every policy saw the same problems of the split
+        (ids,) = problems
+        assert all(i.startswith(f"demo-{split.partition(':')[2]}-") for i in ids)
     # every phase is a command the user could type, printed before it runs
     for command in ("$ retool eval", "$ retool sft make-demos", "$ retool sft", "$ retool train"):
         assert command in out
     assert f"--init-from {root / 'sft'}" in out
-    table = out[out.index("held-out results") :]
-    assert [line.split()[0] for line in table.splitlines()[3:6]] == ["base", "SFT", "RL"]
-    assert "paired comparison, RL against SFT" in out
+    results = out[out.index("held-out results") :]
+    for split in ("demo:test", "demo:paraphrase"):
+        table = results[results.index(f"\n{split}: 2 problems x 2 samples") :].splitlines()
+        assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
+        assert f"paired comparison on {split}, RL against SFT" in out
+    compare = [line for line in out.splitlines() if line.startswith("$ retool eval compare")]
+    assert compare == [
+        f"$ retool eval compare {root / 'eval' / 'sft'}{s}.jsonl {root / 'eval' / 'rl'}{s}.jsonl"
+        for s in ("", "-paraphrase")
+    ]
     rl = [json.loads(line) for line in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rl] == [1] and rl[0]["rollout/trajectories"] == 4
     assert (root / "report" / "report.html").is_file()
@@ -53,12 +70,32 @@ def test_check_only_runs_the_self_check_and_writes_nothing(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_both_held_out_splits_are_planned_and_an_empty_paraphrase_dataset_drops_one():
+    config = load_config("configs/demo.toml", TINY)
+    assert _held_out(config) == [
+        ("eval_dataset", "demo:test"),
+        ("paraphrase_dataset", "demo:paraphrase"),
+    ]
+    evaluations = [p.what for p in _plan(config, {"demo:test": 2, "demo:paraphrase": 3})[1::2]]
+    assert len(evaluations) == 3
+    for what in evaluations:
+        assert what.endswith(
+            "2 problems of demo:test and 3 problems of demo:paraphrase x 2 samples"
+        )
+    config = load_config("configs/demo.toml", [*TINY, 'demo.paraphrase_dataset=""'])
+    assert _held_out(config) == [("eval_dataset", "demo:test")]
+
+
 @pytest.mark.parametrize(
     ("setting", "named"),
     [
         ('data.train="/nonexistent/train.jsonl"', "data.train"),
         ('model.backend="tinker"', "model.backend"),
         ('demo.eval_dataset="demo:train"', "demo.eval_dataset"),
+        ('demo.paraphrase_dataset="demo:train"', "demo.paraphrase_dataset"),
+        ('data.train="demo:paraphrase"', "data.train"),
+        ('data.train="demo:test"', "data.train"),
+        ('data.train="demo"', "data.train"),
         ("demo.eval_n=0", "demo.eval_n"),
         ("demo.sft_learning_rate=nan", "demo.sft_learning_rate"),
     ],
@@ -78,7 +115,9 @@ def test_quick_demo_on_smollm2(tmp_path, capsys):
     code = main(["demo", "--quick", "--output", str(tmp_path), "--no-progress"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    table = out[out.index("held-out results") :]
-    assert [line.split()[0] for line in table.splitlines()[3:6]] == ["base", "SFT", "RL"]
+    results = out[out.index("held-out results") :]
+    for split in ("demo:test", "demo:paraphrase"):
+        table = results[results.index(f"\n{split}: 8 problems x 2 samples") :].splitlines()
+        assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
     (root,) = tmp_path.iterdir()
     assert (root / "report" / "report.html").is_file()

@@ -213,6 +213,11 @@ class RolloutConfig:
     retry_backoff: float = 0.5  # seconds before the first retry; doubles each attempt
     advantage: str = "mean"  # mean: R - mean(group) | mean_std: (R - mean) / (std + 1e-6)
     share_identical_code: bool = False  # run identical code of one question group once
+    # DAPO's dynamic sampling (training only): groups whose members all scored alike are
+    # dropped, and the step samples further questions, one per dropped group, until it has
+    # train.questions_per_batch informative groups or has drawn max_oversample extra ones.
+    dynamic_sampling: bool = False
+    max_oversample: int = 8  # extra questions one step may draw, in [0, 2**16]
 
     def __post_init__(self) -> None:
         for name in (
@@ -246,6 +251,13 @@ class RolloutConfig:
             )
         if self.advantage not in ("mean", "mean_std"):
             raise ConfigError(f"rollout.advantage must be mean or mean_std; got {self.advantage!r}")
+        check_range("rollout", "max_oversample", self.max_oversample, 0, 2**16, integer=True)
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ConfigError(
+                "rollout.dynamic_sampling needs rollout.group_size >= 2: a group of one always "
+                "scores alike, so every question would be dropped; raise rollout.group_size "
+                "or set rollout.dynamic_sampling = false"
+            )
         _at_least("rollout", "temperature", self.temperature, 0)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
@@ -477,9 +489,11 @@ class DemoConfig:
     """What ``retool demo`` runs around the RL steps (``train.*`` stay the RL settings).
 
     Only ``retool demo`` reads this section; every other command ignores it, as
-    ``retool eval`` ignores ``train.*``. The demo's evaluation split is
-    ``demo:test`` by default: the settings here were chosen on ``demo:dev``,
-    so the table it prints is measured on problems nothing was tuned on.
+    ``retool eval`` ignores ``train.*``. The demo evaluates on two held-out
+    splits by default: ``demo:test`` (new numbers, phrasings seen in training)
+    and ``demo:paraphrase`` (phrasings no training data uses). The settings
+    here were chosen on ``demo:dev``, so the tables it prints are measured on
+    problems nothing was tuned on.
     """
 
     sft_steps: int = 10  # cold-start SFT steps on demonstrations from data.train
@@ -487,6 +501,8 @@ class DemoConfig:
     sft_learning_rate: float = 1e-3  # AdamW learning rate of the cold start
     rl_steps: int = 6  # RL steps from the SFT checkpoint (train.* holds their settings)
     eval_dataset: str = "demo:test"  # held-out problems for base / SFT / RL
+    # held-out phrasings, evaluated like eval_dataset; "" = none
+    paraphrase_dataset: str = "demo:paraphrase"
     eval_n: int = 4  # samples per problem, the same seeds for all three policies
     eval_limit: int = 0  # first this many problems; 0 = all
     eval_temperature: float = 0.7  # sampling temperature of the evaluations
@@ -498,7 +514,8 @@ class DemoConfig:
         check_range("demo", "sft_learning_rate", self.sft_learning_rate, 0, 1, low_open=True)
         check_range("demo", "rl_steps", self.rl_steps, 0, 10_000, integer=True)
         check_path_text("demo.eval_dataset", self.eval_dataset)
-        expand_home(self, "eval_dataset")
+        check_path_text("demo.paraphrase_dataset", self.paraphrase_dataset, empty=True)
+        expand_home(self, "eval_dataset", "paraphrase_dataset")
         check_range("demo", "eval_n", self.eval_n, 1, 1024, integer=True)
         check_range("demo", "eval_limit", self.eval_limit, 0, 10**7, integer=True)
         check_range("demo", "eval_temperature", self.eval_temperature, 0, 100)

@@ -32,6 +32,10 @@ class BackendError(RetoolError):
     """A model backend rejected a request (bad model name, too long input...)."""
 
 
+class ServiceError(RetoolError):
+    """A service the run depends on (sampler, sandbox) kept failing after every retry."""
+
+
 class DependencyError(RetoolError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 

@@ -45,12 +45,14 @@ def _one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> 
 def test_make_demos_writes_a_loadable_file(tmp_path):
     output = tmp_path / "demos.jsonl"
     done = _retool(
-        "sft", "make-demos", "--dataset", "demo", "--limit", "5", "--output", str(output)
+        "sft", "make-demos", "--dataset", "demo:train", "--limit", "5", "--output", str(output)
     )
     assert done.returncode == 0, done.stderr
     assert "wrote 5 conversations" in done.stdout and "demo:train" in done.stdout
     conversations = load_conversations(output)
     assert [c.id for c in conversations] == [f"demo-train-{i:04d}" for i in range(5)]
+    repaired = sum(1 for c in conversations if c.code_calls == 2)
+    assert f"{repaired} of them a failed first call and its fix" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.jsonl"]
 
 
@@ -60,11 +62,20 @@ def test_make_demos_writes_a_loadable_file(tmp_path):
         (["--output", "{dir}"], ["--output", "is a directory"]),
         (["--dataset", "demo:nope", "--output", "{out}"], ["demo split", "'nope'"]),
         (["--dataset", "demo:test", "--output", "{out}"], ["held out"]),
+        (["--dataset", "demo:paraphrase", "--output", "{out}"], ["paraphrase", "held out"]),
         (["--dataset", "data.jsonl", "--output", "{out}"], ["reference solutions"]),
         (["--limit", "0", "--output", "{out}"], ["--limit must be >= 1"]),
         (["--output", "{dir}/missing/x.jsonl"], ["does not exist"]),
     ],
-    ids=["output-dir", "unknown-split", "test-split", "not-demo", "limit-0", "no-parent"],
+    ids=[
+        "output-dir",
+        "unknown-split",
+        "test-split",
+        "paraphrase-split",
+        "not-demo",
+        "limit-0",
+        "no-parent",
+    ],
 )
 def test_make_demos_bad_inputs_are_one_line_and_write_nothing(tmp_path, args, fragments):
     work = tmp_path / "work"

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retool.data.batching import batch_indices, epoch_order
+from retool.data.batching import batch_indices, epoch_order, reserve_indices
 from retool.errors import ConfigError
 
 
@@ -46,3 +46,16 @@ def test_validation():
         batch_indices(0, 4, 0, 0)
     with pytest.raises(ConfigError):
         batch_indices(4, 0, 0, 0)
+
+
+def test_a_steps_reserve_is_a_pure_function_outside_its_batch():
+    for step in range(5):
+        reserve = reserve_indices(20, 4, 6, step, seed=3)
+        assert reserve == reserve_indices(20, 4, 6, step, seed=3)
+        assert len(set(reserve)) == 6  # no repeat while others remain
+        assert not set(reserve) & set(batch_indices(20, 4, step, seed=3))
+    assert reserve_indices(20, 4, 6, 0, seed=3) != reserve_indices(20, 4, 6, 1, seed=3)
+    # Fewer other questions than asked for: they come round again, in the same order.
+    small = reserve_indices(5, 3, 5, 0, seed=1)
+    assert len(set(small)) == 2 and small == small[:2] * 2 + small[:1]
+    assert reserve_indices(4, 3, 0, 0, seed=1) == []

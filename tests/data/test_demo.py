@@ -1,38 +1,176 @@
+import random
+import re
+import string
 import subprocess
 import sys
 
 import pytest
 
-from retool.data.demo import FAMILIES, SPLIT_SIZES, demo_examples, demo_problems
+from retool.data.demo import (
+    DEMO_SEED,
+    FAMILIES,
+    HELD_OUT_SPLITS,
+    SPLIT_SIZES,
+    demo_examples,
+    demo_problems,
+    generate_splits,
+    is_held_out,
+    ordinal,
+    words,
+)
 from retool.errors import ConfigError
+from retool.reward import score_many
+
+SEEN_SPLITS = [s for s in SPLIT_SIZES if s not in HELD_OUT_SPLITS]
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """A template as a regex over its rendered text: each placeholder is one token.
+
+    Numbers (digits, separators) and number words never contain a space, so
+    ``\\S+`` cannot swallow a template's literal words: a question matches a
+    template exactly when that template could have written it.
+    """
+    regex = "".join(
+        re.escape(literal) + (r"\S+?" if field is not None else "")
+        for literal, field, _, _ in string.Formatter().parse(template)
+    )
+    return re.compile(regex)
+
+
+def _templates(held_out: bool) -> list[tuple[str, re.Pattern[str]]]:
+    return [
+        (f"{variant.name}/{j}", _pattern(text))
+        for family in FAMILIES
+        for variant in family.variants
+        for j, text in enumerate(variant.templates)
+        if is_held_out(j) == held_out
+    ]
+
+
+def _writers(text: str, templates: list[tuple[str, re.Pattern[str]]]) -> list[str]:
+    return [name for name, pattern in templates if pattern.fullmatch(text)]
 
 
 def test_splits_are_fixed_sizes_disjoint_and_deterministic():
     splits = {name: demo_problems(name) for name in SPLIT_SIZES}
-    for name, problems in splits.items():
-        assert len(problems) == SPLIT_SIZES[name]
-        assert problems == demo_problems(name)
+    assert {name: len(ps) for name, ps in splits.items()} == {
+        "train": 240,
+        "dev": 40,
+        "test": 40,
+        "paraphrase": 40,
+    }
     questions = [{p.question for p in ps} for ps in splits.values()]
-    assert not (
-        questions[0] & questions[1] or questions[0] & questions[2] or questions[1] & questions[2]
+    assert sum(map(len, questions)) == sum(SPLIT_SIZES.values())  # no question twice
+    assert len(set().union(*questions)) == sum(SPLIT_SIZES.values())
+    assert {p.family for p in splits["train"]} == {f.name for f in FAMILIES}
+    assert {p.variant for p in splits["train"]} == {v.name for f in FAMILIES for v in f.variants}
+
+
+def test_the_dataset_is_a_pure_function_of_its_seed():
+    bundled = generate_splits(DEMO_SEED)
+    assert generate_splits(DEMO_SEED) == bundled
+    assert {name: demo_problems(name) for name in SPLIT_SIZES} == bundled
+    other = generate_splits(DEMO_SEED + 1)
+    assert {k: len(v) for k, v in other.items()} == SPLIT_SIZES
+    assert [p.question for p in other["test"]] != [p.question for p in bundled["test"]]
+    # the train split does not depend on how many problems the later splits draw
+    assert other["train"] == generate_splits(DEMO_SEED + 1)["train"]
+
+
+def test_every_family_has_many_phrasings_and_variants_with_a_held_out_share():
+    for family in FAMILIES:
+        assert len(family.variants) >= 2, family.name
+        assert sum(len(v.templates) for v in family.variants) >= 8, family.name
+        for variant in family.variants:
+            assert len(set(variant.templates)) == len(variant.templates), variant.name
+            held = [j for j in range(len(variant.templates)) if is_held_out(j)]
+            assert held and len(held) < len(variant.templates), variant.name
+        # plain text and LaTeX, separators or words, a word problem: checked on the texts
+        texts = [t for v in family.variants for t in v.templates]
+        assert any("$" in t for t in texts) and any("$" not in t for t in texts), family.name
+
+
+def test_no_paraphrase_template_writes_a_train_dev_or_test_question():
+    held, seen = _templates(held_out=True), _templates(held_out=False)
+    for split in SEEN_SPLITS:
+        for problem in demo_problems(split):
+            assert _writers(problem.question, held) == [], (split, problem.question)
+            assert problem.template in _writers(problem.question, seen), problem.question
+    for problem in demo_problems("paraphrase"):
+        assert _writers(problem.question, seen) == [], problem.question
+        assert problem.template in _writers(problem.question, held), problem.question
+    # the held-out split really uses new phrasings, several per family
+    used = {p.template for p in demo_problems("paraphrase")}
+    assert len(used) >= 2 * len(FAMILIES)
+
+
+def test_every_template_renders_an_answer_the_reward_accepts_and_the_solution_prints():
+    cases = []
+    for family in FAMILIES:
+        for variant in family.variants:
+            for j, template in enumerate(variant.templates):
+                draw = variant.draw(random.Random(f"{variant.name}/{j}"))
+                question = template.format(**draw.fields)
+                cases.append((question, draw))
+    script = "\n".join(f"exec({draw.solution!r}, {{}})" for _, draw in cases)
+    printed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    assert printed == [str(draw.answer) for _, draw in cases]
+    scores = score_many([f"\\boxed{{{out}}}" for out in printed], [d.answer for _, d in cases])
+    assert all(s.correct for s in scores)
+    # and the reward is not trivially satisfied: one off is wrong
+    wrong = score_many(
+        [f"\\boxed{{{d.answer + 1}}}" for _, d in cases[:7]], [d.answer for _, d in cases[:7]]
     )
-    families = {p.family for p in splits["train"]}
-    assert len(families) >= len(FAMILIES)
+    assert not any(s.correct for s in wrong)
+
+
+def test_first_tries_fail_as_their_repair_says():
+    problems = [demo_problems("train")[i] for i in range(14)]
+    script = "\n".join(
+        f"try:\n    exec({p.first_try!r}, {{}})\n"
+        "except Exception as e:\n    print(type(e).__name__)\nelse:\n    print('ran')"
+        for p in problems
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    for problem, outcome in zip(problems, out, strict=True):
+        if problem.variant == "modpow":  # math.pow overflows only for big powers
+            assert outcome in ("OverflowError", "ran")
+        else:
+            assert outcome in ("NameError", "TypeError"), (problem.first_try, outcome)
+
+
+def test_numbers_in_words():
+    assert [words(n) for n in (0, 7, 13, 20, 42, 99)] == [
+        "zero",
+        "seven",
+        "thirteen",
+        "twenty",
+        "forty-two",
+        "ninety-nine",
+    ]
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 112, 123)] == [
+        "1st",
+        "2nd",
+        "3rd",
+        "4th",
+        "11th",
+        "12th",
+        "13th",
+        "21st",
+        "112th",
+        "123rd",
+    ]
 
 
 def test_answers_are_integers_out_of_reach_of_mental_arithmetic():
     for example in demo_examples("dev"):
         assert int(example.answer) == int(example.answer.strip())
-
-
-def test_reference_solutions_print_the_answers():
-    problems = demo_problems("test")[:: len(FAMILIES) - 1][:10]
-    problems += [p for p in demo_problems("test") if p.family == "prime_count"][:1]
-    script = "\n".join(f"exec({p.solution!r})" for p in problems)
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
-    ).stdout.split()
-    assert out == [str(p.answer) for p in problems]
+        assert example.data_source.startswith("demo/")
 
 
 def test_unknown_split():

@@ -1,5 +1,7 @@
 """A reward a random model can earn, so tests see non-zero advantages and real updates."""
 
+import zlib
+
 
 def even_length(text: str, reference: str) -> float:
     """+1 when the final text has an even number of characters, -1 otherwise."""
@@ -15,4 +17,12 @@ def even_length_then_fail(text: str, reference: str) -> float:
     CALLS["n"] += 1
     if CALLS["n"] > 8:
         raise RuntimeError("the reward service went away")
+    return even_length(text, reference)
+
+
+def alike_for_half(text: str, reference: str) -> float:
+    """-1 whatever the text for about half the references (their groups score alike), else
+    ``even_length``: steps with groups for dynamic sampling to filter, and groups that train."""
+    if zlib.crc32(reference.encode()) % 2 == 0:
+        return -1.0
     return even_length(text, reference)

@@ -20,6 +20,7 @@ from retool.sandbox.result import ErrorKind, ExecResult
 from retool.training.datum import DatumError, build_datum
 from retool.training.sft_data import (
     CALL_LEADS,
+    REPAIR_LEADS,
     Conversation,
     build_sft_datum,
     end_of_turn_token,
@@ -29,6 +30,7 @@ from retool.training.sft_data import (
     write_conversations,
 )
 from retool.types import SampledSequence, SampleResponse, SamplerStop
+from tests.data.test_demo import _templates, _writers
 from tests.rollout.fakes import FakeSandbox
 
 DIALECTS = ("markdown", "hermes_json", "qwen3_xml")
@@ -228,7 +230,7 @@ def sandbox():
 
 def test_demonstrations_from_real_sandbox_output(sandbox):
     problems = demo_problems("train")[:6]
-    conversations = make_demonstrations(problems, sandbox, seed=0)
+    conversations = make_demonstrations(problems, sandbox, seed=0, failure_share=0.0)
     assert [c.id for c in conversations] == [p.id for p in problems]
     for problem, conversation in zip(problems, conversations, strict=True):
         user, call, tool, answer = conversation.messages
@@ -245,10 +247,66 @@ def test_demonstrations_from_real_sandbox_output(sandbox):
         for c in conversations
     }
     assert len(answers) >= 4
-    assert make_demonstrations(problems, sandbox, seed=0) == conversations
-    assert make_demonstrations(problems, sandbox, seed=1) != conversations
+    again = make_demonstrations(problems, sandbox, seed=0, failure_share=0.0)
+    assert again == conversations
+    assert make_demonstrations(problems, sandbox, seed=1, failure_share=0.0) != conversations
     # A problem gets the same text whatever subset it is generated in.
-    assert make_demonstrations(problems[3:4], sandbox, seed=0) == conversations[3:4]
+    subset = make_demonstrations(problems[3:4], sandbox, seed=0, failure_share=0.0)
+    assert subset == conversations[3:4]
+
+
+def test_failure_demonstrations_show_a_real_traceback_then_the_fix(sandbox, smol_tokenizer):
+    problems = demo_problems("train")[:7]  # one per family
+    conversations = make_demonstrations(problems, sandbox, seed=0, failure_share=1.0)
+    assert [c.id for c in conversations] == [p.id for p in problems]
+    repaired = 0
+    dialect = get_protocol("markdown")
+    for problem, conversation in zip(problems, conversations, strict=True):
+        *_, tool, answer = conversation.messages
+        assert tool["content"].strip() == str(problem.answer)
+        assert answer["content"].endswith(f"\\boxed{{{problem.answer}}}")
+        if conversation.code_calls == 1:  # the wrong attempt happened to work
+            assert problem.variant == "modpow"
+            continue
+        repaired += 1
+        _, first, error, second, _, _ = conversation.messages
+        assert first["code"] == problem.first_try and first["content"] in CALL_LEADS
+        assert error["content"].startswith("Traceback") and "Error" in error["content"]
+        assert second["code"] == problem.solution
+        assert second["content"].split(" ", 3)[-1].endswith(problem.repair)
+        assert second["content"].startswith(REPAIR_LEADS)
+        # it fits the demo's rollout budgets: 160 tokens a turn, 1024 in all
+        tokens, weights = render_conversation(conversation, dialect, smol_tokenizer)
+        assert len(tokens) <= 1024
+        runs, run = [], 0
+        for w in weights:
+            run = run + 1 if w else 0
+            runs.append(run)
+        assert max(runs) <= 160
+    assert repaired >= 6
+
+
+def test_the_default_share_of_demonstrations_shows_a_failure_and_no_held_out_phrasing():
+    problems = demo_problems("train")
+    answers = {p.solution: f"{p.answer}\n" for p in problems}
+
+    class Runs:
+        max_workers = 2
+
+        def run(self, code: str) -> ExecResult:
+            if code in answers:
+                return ExecResult(True, answers[code], "", 0, False, 0.0, False)
+            error = "Traceback (most recent call last):\nNameError: name 'math' is not defined"
+            return ExecResult(False, "", error, 1, False, 0.0, False, ErrorKind.ERROR)
+
+    conversations = make_demonstrations(problems, Runs(), seed=0)
+    assert len(conversations) == len(problems)
+    failures = sum(1 for c in conversations if c.code_calls == 2)
+    assert 0.15 * len(problems) < failures < 0.35 * len(problems)
+    held_out = _templates(held_out=True)
+    for conversation in conversations:
+        for message in conversation.messages:
+            assert _writers(message["content"], held_out) == [], message["content"]
 
 
 def test_demonstrations_skip_mismatched_and_failed_runs():

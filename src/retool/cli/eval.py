@@ -54,12 +54,15 @@ from retool.evaluation import (
 from retool.reward import default_checker, load_reward_function
 from retool.sandbox import open_sandbox
 from retool.training.run_lock import lock_output
+from retool.training.ticker import keep_ticking
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
 EVAL_N = 12
 UNUSED = {
     "rollout.group_size": "samples per problem are --val-n",
+    "rollout.dynamic_sampling": "every problem is evaluated; it is a `retool train` setting",
+    "rollout.max_oversample": "every problem is evaluated; it is a `retool train` setting",
     "data": "name the problems with --dataset",
     "train": "`retool eval` does not train",
     "model.base_model": "name the model with --model",
@@ -199,6 +202,7 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
         file=sys.stderr,
         disable=True if disable else None,
     )
+    keep_ticking(bar, say_waiting=True)  # a straggler decoding is not a hang
 
     def update(event: Any) -> None:
         if not event.reused:

@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demo = kinds.add_parser(
         "demo",
         help="write the bundled demo dataset as JSONL",
-        description="Write the deterministic demo dataset (train/dev/test) as JSONL files.",
+        description="Write the deterministic demo dataset (train/dev/test/paraphrase) as JSONL.",
     )
     demo.add_argument("--output-dir", required=True, type=Path, help="where to write the splits")
     demo.set_defaults(handler=_run_demo)

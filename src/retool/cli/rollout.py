@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dataset",
         default="demo:train",
-        help="demo[:train|dev|test] or a .jsonl/.parquet file",
+        help="demo:train, demo:dev, demo (the test split, as for eval) or a .jsonl/.parquet file",
     )
     add_number(parser, "--questions", low=1, high=10**5, default=2, help="questions to roll out")
     add_number(

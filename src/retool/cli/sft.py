@@ -36,7 +36,7 @@ from retool.cli.common import (
 )
 from retool.cli.train import preflight
 from retool.config import load_config
-from retool.data.demo import demo_problems
+from retool.data.demo import HELD_OUT_SPLITS, demo_problems
 from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
 from retool.sandbox import open_sandbox
@@ -73,6 +73,8 @@ UNUSED = {
             "retry_backoff",
             "advantage",
             "share_identical_code",
+            "dynamic_sampling",
+            "max_oversample",
         )
     },
 }
@@ -119,8 +121,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demos.add_argument(
         "--dataset",
         default="demo:train",
-        help="demo[:train|dev]: only the bundled demo set carries reference solutions "
-        "(default demo:train; test is held out)",
+        help="demo:train or demo:dev: only the bundled demo set carries reference solutions "
+        "(bare demo is the test split, held out)",
     )
     demos.add_argument("--output", required=True, metavar="FILE", help="the JSONL file to write")
     add_number(demos, "--limit", low=1, high=10**7, help="at most N problems (default: all)")
@@ -133,11 +135,16 @@ def _demo_split(spec: str) -> str:
     if name != "demo":
         raise ConfigError(
             f"--dataset {spec}: make-demos needs reference solutions, which only the bundled "
-            "demo dataset has (demo, demo:train or demo:dev)"
+            "demo dataset has (demo:train or demo:dev)"
         )
-    split = split or "train"
-    if split == "test":
-        raise ConfigError("--dataset demo:test: the test split is held out for evaluation")
+    if not split:
+        # bare `demo` is the test split for every command (eval, rollout, data.train)
+        raise ConfigError(
+            "--dataset demo: bare `demo` is the demo's test split everywhere, held out for "
+            "evaluation; write demonstrations from demo:train (or demo:dev)"
+        )
+    if split in ("test", *HELD_OUT_SPLITS):
+        raise ConfigError(f"--dataset demo:{split}: the {split} split is held out for evaluation")
     return split
 
 
@@ -175,8 +182,10 @@ def run_make_demos(args: argparse.Namespace) -> int:
     existed = output.exists()
     written = write_conversations(output, conversations)
     note = f", first: {', '.join(skipped[:5])}" if skipped else ""
+    repaired = sum(1 for c in conversations if c.code_calls > 1)
     print(
-        f"wrote {written} conversations to {output} from demo:{split} "
+        f"wrote {written} conversations to {output} from demo:{split}, {repaired} of them "
+        f"a failed first call and its fix "
         f"({len(skipped)} skipped: sandbox output did not match the answer{note})"
         + ("; replaced the existing file" if existed else "")
     )

@@ -8,6 +8,15 @@ would have seen. Every example is used once per epoch. Where a batch straddles
 two epochs, the new epoch's permutation puts the questions the batch already
 holds after the others, so a batch repeats a question only when the dataset is
 smaller than the batch.
+
+Dynamic sampling (``rollout.dynamic_sampling``) draws extra questions for a
+step from :func:`reserve_indices`: a permutation of the questions not in the
+step's batch, drawn afresh for every step from ``(seed, step)`` alone. The
+reserve never takes from the batch stream, so every step's batch is the same
+whether dynamic sampling is on or off and however many extras earlier steps
+used, and a resumed run needs nothing recorded to find its questions again.
+The price: an extra question may come round again as a batch question (or as
+another step's extra) within the same epoch.
 """
 
 from __future__ import annotations
@@ -73,3 +82,24 @@ def batch_indices(num_items: int, batch_size: int, step: int, seed: int) -> list
 def take_batch(items: Sequence[T], batch_size: int, step: int, seed: int) -> list[T]:
     """The examples of batch ``step``; see :func:`batch_indices`."""
     return [items[i] for i in batch_indices(len(items), batch_size, step, seed)]
+
+
+def reserve_indices(num_items: int, batch_size: int, count: int, step: int, seed: int) -> list[int]:
+    """Indices of ``count`` extra questions for batch ``step`` (0-based); see the docstring.
+
+    They exclude the batch's own questions and repeat one only when fewer than
+    ``count`` others exist (the order then starts over).
+    """
+    check_number("count", count, 0, integer=True)
+    base = set(batch_indices(num_items, batch_size, step, seed))
+    others = [i for i in range(num_items) if i not in base] or list(range(num_items))
+    random.Random(f"retool-reserve:{seed}:{step}").shuffle(others)
+    chosen: list[int] = []
+    while len(chosen) < count:
+        chosen.extend(others[: count - len(chosen)])
+    return chosen
+
+
+def take_reserve(items: Sequence[T], batch_size: int, count: int, step: int, seed: int) -> list[T]:
+    """The extra questions of batch ``step``; see :func:`reserve_indices`."""
+    return [items[i] for i in reserve_indices(len(items), batch_size, count, step, seed)]

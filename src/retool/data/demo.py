@@ -1,15 +1,39 @@
-"""The bundled demo dataset: problems a small model can't do in its head.
+"""The bundled demo dataset: problems a small model can't do in its head, phrased many ways.
 
-Each problem is easy with one line of Python and hard without it: large
-products, modular powers, digit sums of big powers, prime counts, gcd/lcm,
-base conversion and small combinatorics. Answers are integers, computed by the
-generator itself, and every problem carries the reference solution as code
+Each problem is easy with a line or two of Python and hard without it: large
+products, modular powers, digit sums, prime counts, gcd/lcm, base conversion
+and small combinatorics. Answers are integers, computed by the generator
+itself, and every problem carries a reference solution as code
 (``DemoProblem.solution``) so that cold-start demonstrations can be built from
-it.
+it, plus a plausible first attempt that fails (``DemoProblem.first_try``, e.g.
+a missing import) and the sentence that names the fix (``DemoProblem.repair``),
+so that demonstrations can also show an error read and corrected.
 
-The dataset is a pure function of its seed: :func:`demo_examples` regenerates
-it identically on every machine, so nothing needs to be downloaded. The splits
-are fixed by problem index; ``test`` is never used for training.
+**Families, variants, templates.** Seven families (:data:`FAMILIES`), each with
+two variants (a product of two numbers and of three; a digit sum of a power
+and of a product; ...), each variant with its own phrasings (templates): at
+least 8 per family, with different verbs and word order, plain text and
+LaTeX, numbers with thousands separators or in words where that is natural
+(small counts, bases, exponents), and a short word-problem framing. A
+template is a :meth:`str.format` string over the variant's fields (``a``,
+``a_sep`` = ``a`` with separators, ``k_word`` = ``k`` in words, ...).
+
+**The split rule.** Template ``j`` of a variant (0-based, in the order written
+here) is *held out* when ``j % 4 == 3``: every fourth phrasing of every
+variant, so each variant keeps at least three phrasings for training and
+gives at least one to the held-out split. Held-out templates are used only by
+the ``paraphrase`` split; ``train``, ``dev`` and ``test`` use only the others
+(``test``: new numbers, seen phrasings; ``paraphrase``: new numbers *and* new
+phrasings). Nothing that trains or chooses settings may read ``test`` or
+``paraphrase`` (``retool sft make-demos`` refuses both).
+
+**Purity.** The dataset is a pure function of its seed (:func:`generate_splits`;
+:data:`DEMO_SEED` for the bundled one): one RNG draws the splits in the order
+of :data:`SPLIT_SIZES`, problem ``i`` of a split comes from family ``i mod 7``
+with a template drawn uniformly from the split's allowed ones, and a problem
+whose numbers already occurred (in any split, under any phrasing) is drawn
+again, so the splits share neither a question nor the mathematics behind one.
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,37 +41,115 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from retool.data.examples import MathExample
 from retool.errors import ConfigError
 
 DEMO_SEED = 20250415  # fixed: changing it changes the dataset
-SPLIT_SIZES = {"train": 240, "dev": 40, "test": 40}
+# Drawn in this order from one RNG: a split's size changes only the splits after it.
+SPLIT_SIZES = {"train": 240, "dev": 40, "test": 40, "paraphrase": 40}
 SPLITS = tuple(SPLIT_SIZES)
+HELD_OUT_SPLITS = ("paraphrase",)  # drawn from the held-out templates only
+HELD_OUT_EVERY = 4  # template j of a variant is held out when j % 4 == 3
+
+
+def is_held_out(index: int) -> bool:
+    """Whether template ``index`` of a variant belongs to the paraphrase split."""
+    return index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
 
 
 @dataclass(frozen=True)
 class DemoProblem:
-    """A demo question with its integer answer and a Python solution."""
+    """A demo question with its integer answer, a Python solution and a failing first try."""
 
     id: str  # "demo-<split>-<index>"
     family: str  # problem family, e.g. "modpow"
+    variant: str  # the family's variant, e.g. "modpow_sum"; also the data_source suffix
+    template: str  # "<variant>/<index>": which phrasing wrote the question
     question: str  # problem statement
     answer: int  # exact integer answer
     solution: str  # Python code that prints ``answer``
+    first_try: str  # plausible code that raises an error (a missing import, a wrong function)
+    repair: str  # one sentence naming what went wrong with ``first_try`` and the fix
 
     def to_example(self) -> MathExample:
         return MathExample(
             id=self.id,
             question=self.question,
             answer=str(self.answer),
-            data_source=f"demo/{self.family}",
+            data_source=f"demo/{self.variant}",
         )
 
 
+@dataclass(frozen=True)
+class Draw:
+    """The numbers of one problem, ready for any template of its variant."""
+
+    fields: Mapping[str, str]  # template placeholders
+    answer: int
+    solution: str
+    first_try: str
+    repair: str
+    key: tuple[int, ...]  # the numbers: two draws with one key are the same problem
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    draw: Callable[[random.Random], Draw]
+    templates: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    variants: tuple[Variant, ...]
+
+    def templates(self, held_out: bool) -> list[tuple[Variant, int]]:
+        """``(variant, template index)`` of the held-out or of the training phrasings."""
+        return [
+            (variant, j)
+            for variant in self.variants
+            for j in range(len(variant.templates))
+            if is_held_out(j) == held_out
+        ]
+
+
+# -- numbers as text -------------------------------------------------------------------
+
+_ONES = (
+    *("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"),
+    *("eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen"),
+    *("eighteen", "nineteen"),
+)
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+
+
+def words(n: int) -> str:
+    """``n`` (0-99) in words, hyphenated: ``42`` -> ``forty-two``."""
+    if not 0 <= n < 100:
+        raise ValueError(f"words() covers 0-99, got {n}")
+    if n < 20:
+        return _ONES[n]
+    tens, ones = divmod(n, 10)
+    return _TENS[tens] + (f"-{_ONES[ones]}" if ones else "")
+
+
+def ordinal(n: int) -> str:
+    """``123`` -> ``123rd``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _sep(n: int) -> str:
+    return f"{n:,}"
+
+
 def _primes_below(n: int) -> int:
+    if n < 3:
+        return 0
     sieve = bytearray([1]) * n
     sieve[0:2] = b"\x00\x00"
     for p in range(2, math.isqrt(n - 1) + 1):
@@ -56,123 +158,508 @@ def _primes_below(n: int) -> int:
     return sum(sieve)
 
 
-def _product(rng: random.Random) -> tuple[str, str, int, str]:
-    a, b = rng.randint(10**5, 10**7), rng.randint(10**5, 10**7)
-    return ("product", f"What is {a} \\times {b}?", a * b, f"print({a} * {b})")
+def _digit_sum(n: int) -> int:
+    return sum(int(d) for d in str(n))
 
 
-def _modpow(rng: random.Random) -> tuple[str, str, int, str]:
-    base, exp, mod = rng.randint(2, 999), rng.randint(100, 10**6), rng.randint(10**3, 10**6)
-    return (
-        "modpow",
-        f"What is the remainder when ${base}^{{{exp}}}$ is divided by {mod}?",
-        pow(base, exp, mod),
-        f"print(pow({base}, {exp}, {mod}))",
-    )
-
-
-def _digit_sum(rng: random.Random) -> tuple[str, str, int, str]:
-    base, exp = rng.randint(2, 9), rng.randint(50, 400)
-    return (
-        "digit_sum",
-        f"What is the sum of the decimal digits of ${base}^{{{exp}}}$?",
-        sum(int(d) for d in str(base**exp)),
-        f"print(sum(int(d) for d in str({base}**{exp})))",
-    )
-
-
-def _prime_count(rng: random.Random) -> tuple[str, str, int, str]:
-    n = rng.randint(1_000, 200_000)
-    code = f"import sympy\nprint(sympy.primepi({n} - 1))"
-    return ("prime_count", f"How many prime numbers are less than {n}?", _primes_below(n), code)
-
-
-def _gcd_lcm(rng: random.Random) -> tuple[str, str, int, str]:
-    common = rng.randint(2, 500)
-    a, b = common * rng.randint(100, 5000), common * rng.randint(100, 5000)
-    if rng.random() < 0.5:
-        return (
-            "gcd",
-            f"What is the greatest common divisor of {a} and {b}?",
-            math.gcd(a, b),
-            f"import math\nprint(math.gcd({a}, {b}))",
-        )
-    return (
-        "lcm",
-        f"What is the least common multiple of {a} and {b}?",
-        math.lcm(a, b),
-        f"import math\nprint(math.lcm({a}, {b}))",
-    )
-
-
-def _base_conversion(rng: random.Random) -> tuple[str, str, int, str]:
-    base = rng.choice([2, 3, 5, 7, 8])
-    value = rng.randint(10**4, 10**6)
+def _in_base(value: int, base: int) -> str:
     digits = []
-    rest = value
-    while rest:
-        rest, d = divmod(rest, base)
+    while value:
+        value, d = divmod(value, base)
         digits.append(str(d))
-    written = "".join(reversed(digits))
-    return (
-        "base_conversion",
-        f"The number ${written}_{{{base}}}$ is written in base {base}. "
-        "What is its value in base 10?",
-        value,
-        f"print(int('{written}', {base}))",
+    return "".join(reversed(digits)) or "0"
+
+
+_NO_MATH = "I forgot to import math; here it is with the import."
+_NO_SYMPY = "I forgot to import sympy; here it is with the import."
+
+
+# -- product ------------------------------------------------------------------------
+
+
+def _product2(rng: random.Random) -> Draw:
+    a, b = rng.randint(10**5, 10**7), rng.randint(10**5, 10**7)
+    return Draw(
+        {"a": str(a), "b": str(b), "a_sep": _sep(a), "b_sep": _sep(b)},
+        a * b,
+        f"print({a} * {b})",
+        f"print(math.prod([{a}, {b}]))",
+        "math was never imported, and a plain multiplication does it anyway.",
+        (a, b),
     )
 
 
-def _combinatorics(rng: random.Random) -> tuple[str, str, int, str]:
-    n = rng.randint(20, 60)
-    k = rng.randint(3, n // 2)
-    if rng.random() < 0.5:
-        return (
-            "binomial",
-            f"In how many ways can a committee of {k} be chosen from {n} people?",
-            math.comb(n, k),
-            f"import math\nprint(math.comb({n}, {k}))",
-        )
-    m = rng.randint(4, 9)
-    return (
-        "permutations",
-        f"How many ordered arrangements of {m} distinct books can be made "
-        f"from a shelf of {n} distinct books?",
-        math.perm(n, m),
-        f"import math\nprint(math.perm({n}, {m}))",
+def _product3(rng: random.Random) -> Draw:
+    a, b, c = (rng.randint(10**3, 10**5) for _ in range(3))
+    return Draw(
+        {"a": str(a), "b": str(b), "c": str(c), "a_sep": _sep(a), "b_sep": _sep(b)}
+        | {"c_sep": _sep(c)},
+        a * b * c,
+        f"import math\nprint(math.prod([{a}, {b}, {c}]))",
+        f"print(math.prod([{a}, {b}, {c}]))",
+        _NO_MATH,
+        (a, b, c),
     )
 
 
-FAMILIES: tuple[Callable[[random.Random], tuple[str, str, int, str]], ...] = (
-    _product,
-    _modpow,
-    _digit_sum,
-    _prime_count,
-    _gcd_lcm,
-    _base_conversion,
-    _combinatorics,
+PRODUCT = Family(
+    "product",
+    (
+        Variant(
+            "product",
+            _product2,
+            (
+                "What is {a} \\times {b}? Give the exact integer.",
+                "Compute the product of {a_sep} and {b_sep}.",
+                "Multiply {a} by {b}. What do you get?",
+                "A warehouse holds {a_sep} crates with {b_sep} bolts in each crate. "
+                "How many bolts are there in total?",
+                "Find ${a} \\cdot {b}$ exactly.",
+                "What number do you get when {b} is multiplied by {a}?",
+                "Each of {a_sep} boxes contains {b_sep} beads. How many beads are there "
+                "altogether?",
+                "Evaluate the product ${a} \\times {b}$ and give the result as an integer.",
+            ),
+        ),
+        Variant(
+            "product3",
+            _product3,
+            (
+                "What is ${a} \\times {b} \\times {c}$? Give the exact integer.",
+                "Compute the product of {a_sep}, {b_sep} and {c_sep}.",
+                "A crate holds {a} boxes, each box holds {b} packs and each pack holds {c} "
+                "sheets. How many sheets does the crate hold?",
+                "Multiply together {a}, {b} and {c}. What is the result?",
+            ),
+        ),
+    ),
 )
 
 
-def _generate_all() -> dict[str, list[DemoProblem]]:
-    rng = random.Random(DEMO_SEED)
-    seen: set[str] = set()
+# -- modular powers -------------------------------------------------------------------
+
+
+def _modpow(rng: random.Random) -> Draw:
+    b, e, m = rng.randint(2, 999), rng.randint(100, 10**6), rng.randint(10**3, 10**6)
+    return Draw(
+        {"b": str(b), "e": str(e), "m": str(m), "e_sep": _sep(e), "m_sep": _sep(m)},
+        pow(b, e, m),
+        f"print(pow({b}, {e}, {m}))",
+        f"import math\nprint(int(math.pow({b}, {e})) % {m})",
+        "math.pow works with floats, which overflow; the built-in pow takes the modulus "
+        "as a third argument and stays exact.",
+        (b, e, m),
+    )
+
+
+def _modpow_sum(rng: random.Random) -> Draw:
+    b, c = rng.randint(2, 999), rng.randint(2, 999)
+    e, f = rng.randint(100, 10**5), rng.randint(100, 10**5)
+    m = rng.randint(10**3, 10**6)
+    return Draw(
+        {"b": str(b), "c": str(c), "e": str(e), "f": str(f), "m": str(m)},
+        (pow(b, e, m) + pow(c, f, m)) % m,
+        f"print((pow({b}, {e}, {m}) + pow({c}, {f}, {m})) % {m})",
+        f"print((powmod({b}, {e}, {m}) + powmod({c}, {f}, {m})) % {m})",
+        "Python has no powmod; the built-in pow takes the modulus as a third argument.",
+        (b, e, c, f, m),
+    )
+
+
+MODPOW = Family(
+    "modpow",
+    (
+        Variant(
+            "modpow",
+            _modpow,
+            (
+                "What is the remainder when ${b}^{{{e}}}$ is divided by {m}? Give the exact "
+                "integer.",
+                "Compute ${b}^{{{e}}} \\bmod {m}$.",
+                "Find {b} to the power {e_sep}, modulo {m_sep}.",
+                "What remainder is left after dividing {b} raised to the power of {e} by {m_sep}?",
+                "Let $N = {b}^{{{e}}}$. What is $N \\bmod {m}$?",
+                "What is {b}**{e} mod {m}? Give the remainder as an integer.",
+                "A counter starts at 1 and is multiplied by {b} a total of {e} times; after "
+                "each step only the remainder modulo {m} is kept. What number does it show "
+                "at the end?",
+                "Determine the value of ${b}^{{{e}}}$ modulo ${m}$.",
+            ),
+        ),
+        Variant(
+            "modpow_sum",
+            _modpow_sum,
+            (
+                "What is the remainder when ${b}^{{{e}}} + {c}^{{{f}}}$ is divided by {m}?",
+                "Compute $({b}^{{{e}}} + {c}^{{{f}}}) \\bmod {m}$.",
+                "Find the sum of {b} to the power {e} and {c} to the power {f}, modulo {m}.",
+                "Add ${b}^{{{e}}}$ and ${c}^{{{f}}}$, then divide by {m}. What is the remainder?",
+            ),
+        ),
+    ),
+)
+
+
+# -- digit sums -----------------------------------------------------------------------
+
+
+def _digit_sum_power(rng: random.Random) -> Draw:
+    b, e = rng.randint(2, 9), rng.randint(50, 400)
+    return Draw(
+        {"b": str(b), "e": str(e), "b_word": words(b), "e_ord": ordinal(e)},
+        _digit_sum(b**e),
+        f"print(sum(int(d) for d in str({b}**{e})))",
+        f"print(sum(str({b}**{e})))",
+        "sum needs numbers, not characters: each digit has to go through int first.",
+        (b, e),
+    )
+
+
+def _digit_sum_product(rng: random.Random) -> Draw:
+    a, b = rng.randint(10**5, 10**8), rng.randint(10**5, 10**8)
+    return Draw(
+        {"a": str(a), "b": str(b), "a_sep": _sep(a), "b_sep": _sep(b)},
+        _digit_sum(a * b),
+        f"print(sum(int(d) for d in str({a} * {b})))",
+        f"print(sum(str({a} * {b})))",
+        "sum needs numbers, not characters: each digit has to go through int first.",
+        (a, b),
+    )
+
+
+DIGIT_SUM = Family(
+    "digit_sum",
+    (
+        Variant(
+            "digit_sum",
+            _digit_sum_power,
+            (
+                "What is the sum of the decimal digits of ${b}^{{{e}}}$? Give the exact integer.",
+                "Add up all the digits of {b}^{e}. What is the total?",
+                "Write {b_word} to the power {e} out in full in base 10 and add its digits. "
+                "What is the sum?",
+                "Find the digit sum of ${b}^{{{e}}}$.",
+                "Let $N = {b}^{{{e}}}$. Compute the sum of the digits of $N$.",
+                "What do the digits of {b}**{e} add up to?",
+                "A student writes down the number {b}^{e} in full and then adds its digits "
+                "together. What total does she get?",
+                "If you raise {b_word} to the {e_ord} power and sum the digits of the result, "
+                "what do you get?",
+            ),
+        ),
+        Variant(
+            "digit_sum_product",
+            _digit_sum_product,
+            (
+                "What is the sum of the decimal digits of ${a} \\times {b}$?",
+                "Multiply {a} by {b} and add up the digits of the product. What is the sum?",
+                "Compute the digit sum of the product of {a_sep} and {b_sep}.",
+                "Take the product of {a} and {b}, then report the sum of its digits.",
+            ),
+        ),
+    ),
+)
+
+
+# -- prime counts ---------------------------------------------------------------------
+
+
+def _primes_below_n(rng: random.Random) -> Draw:
+    n = rng.randint(1_000, 200_000)
+    code = f"print(sympy.primepi({n} - 1))"
+    return Draw(
+        {"n": str(n), "n_sep": _sep(n), "n1": str(n - 1)},
+        _primes_below(n),
+        f"import sympy\n{code}",
+        code,
+        _NO_SYMPY,
+        (n,),
+    )
+
+
+def _primes_between(rng: random.Random) -> Draw:
+    a = rng.randint(1_000, 100_000)
+    b = a + rng.randint(1_000, 100_000)
+    code = f"print(sympy.primepi({b}) - sympy.primepi({a} - 1))"
+    return Draw(
+        {"a": str(a), "b": str(b), "a_sep": _sep(a), "b_sep": _sep(b)},
+        _primes_below(b + 1) - _primes_below(a),
+        f"import sympy\n{code}",
+        code,
+        _NO_SYMPY,
+        (a, b),
+    )
+
+
+PRIME_COUNT = Family(
+    "prime_count",
+    (
+        Variant(
+            "prime_count",
+            _primes_below_n,
+            (
+                "How many prime numbers are less than {n}? Give the exact integer.",
+                "Count the primes $p$ with $p < {n}$.",
+                "How many primes are there below {n_sep}?",
+                "What is the number of primes smaller than {n_sep}?",
+                "Compute $\\pi({n1})$, the number of primes less than or equal to {n1}.",
+                "Find how many of the integers from 1 to {n1} are prime.",
+                "A sieve marks every prime number below {n}. How many numbers does it mark?",
+                "Determine the count of prime numbers under {n}.",
+            ),
+        ),
+        Variant(
+            "prime_count_between",
+            _primes_between,
+            (
+                "How many prime numbers are there between {a} and {b}, inclusive?",
+                "Count the primes $p$ with ${a} \\le p \\le {b}$.",
+                "How many of the integers from {a_sep} to {b_sep} (both included) are prime?",
+                "Find the number of primes in the closed interval $[{a}, {b}]$.",
+            ),
+        ),
+    ),
+)
+
+
+# -- gcd and lcm ----------------------------------------------------------------------
+
+
+def _pair_with_common_factor(rng: random.Random) -> tuple[int, int]:
+    common = rng.randint(2, 500)
+    return common * rng.randint(100, 5000), common * rng.randint(100, 5000)
+
+
+def _gcd(rng: random.Random) -> Draw:
+    a, b = _pair_with_common_factor(rng)
+    return Draw(
+        {"a": str(a), "b": str(b), "a_sep": _sep(a), "b_sep": _sep(b)},
+        math.gcd(a, b),
+        f"import math\nprint(math.gcd({a}, {b}))",
+        f"print(math.gcd({a}, {b}))",
+        _NO_MATH,
+        (0, a, b),
+    )
+
+
+def _lcm(rng: random.Random) -> Draw:
+    a, b = _pair_with_common_factor(rng)
+    return Draw(
+        {"a": str(a), "b": str(b), "a_sep": _sep(a), "b_sep": _sep(b)},
+        math.lcm(a, b),
+        f"import math\nprint(math.lcm({a}, {b}))",
+        f"print(math.lcm({a}, {b}))",
+        _NO_MATH,
+        (1, a, b),
+    )
+
+
+GCD_LCM = Family(
+    "gcd_lcm",
+    (
+        Variant(
+            "gcd",
+            _gcd,
+            (
+                "What is the greatest common divisor of {a} and {b}? Give the exact integer.",
+                "Compute $\\gcd({a}, {b})$.",
+                "Find the largest integer that divides both {a_sep} and {b_sep}.",
+                "What is the highest common factor of {a} and {b}?",
+                "Two ropes are {a} cm and {b} cm long. They are cut into pieces of one equal "
+                "whole-number length with nothing left over. What is the longest possible "
+                "piece, in cm?",
+                "Determine $\\operatorname{{gcd}}({b}, {a})$.",
+            ),
+        ),
+        Variant(
+            "lcm",
+            _lcm,
+            (
+                "What is the least common multiple of {a} and {b}? Give the exact integer.",
+                "Compute $\\operatorname{{lcm}}({a}, {b})$.",
+                "Find the smallest positive integer that is a multiple of both {a_sep} and "
+                "{b_sep}.",
+                "What is the lowest common multiple of {a} and {b}?",
+                "Two lights blink every {a} seconds and every {b} seconds, and they just "
+                "blinked together. After how many seconds will they next blink together?",
+                "Determine the LCM of {b} and {a}.",
+            ),
+        ),
+    ),
+)
+
+
+# -- base conversion ------------------------------------------------------------------
+
+
+def _base_to_decimal(rng: random.Random) -> Draw:
+    base = rng.choice([2, 3, 5, 7, 8])
+    value = rng.randint(10**4, 10**6)
+    written = _in_base(value, base)
+    return Draw(
+        {"w": written, "base": str(base), "base_word": words(base)},
+        value,
+        f"print(int('{written}', {base}))",
+        f"print(int({written}, {base}))",
+        "int() needs the digits as a string when a base is given.",
+        (0, base, value),
+    )
+
+
+def _base_from_decimal(rng: random.Random) -> Draw:
+    base = rng.choice([2, 3, 5, 7, 8, 9])
+    value = rng.randint(10**3, 10**5)
+    loop = (
+        f"n, digits = {value}, ''\nwhile n:\n    n, d = divmod(n, {base})\n"
+        "    digits = str(d) + digits\nprint(digits)"
+    )
+    return Draw(
+        {"v": str(value), "v_sep": _sep(value), "base": str(base), "base_word": words(base)},
+        int(_in_base(value, base)),
+        loop,
+        f"print(base_repr({value}, {base}))",
+        "Python has no built-in base_repr; repeated divmod by the base gives the digits.",
+        (1, base, value),
+    )
+
+
+BASE_CONVERSION = Family(
+    "base_conversion",
+    (
+        Variant(
+            "base_to_decimal",
+            _base_to_decimal,
+            (
+                "The number ${w}_{{{base}}}$ is written in base {base}. What is its value in "
+                "base 10? Give the exact integer.",
+                "Convert {w} from base {base} to base 10.",
+                "What is the decimal value of the base-{base} numeral {w}?",
+                "Express ${w}_{{{base}}}$ as a decimal number.",
+                "In base {base_word}, a number is written {w}. What is it in ordinary decimal "
+                "notation?",
+                "Interpret the digits {w} as a number in base {base} and give its value in "
+                "decimal.",
+                "A machine displays numbers in base {base}. It shows {w}. What decimal number "
+                "is that?",
+                "Find the base-ten value of {w} read in base {base_word}.",
+            ),
+        ),
+        Variant(
+            "base_from_decimal",
+            _base_from_decimal,
+            (
+                "Write {v} in base {base}. Give the digits as one number.",
+                "What is the base-{base} representation of {v_sep}? Give its digits as one number.",
+                "Convert the decimal number {v} to base {base_word}; answer with the digits as "
+                "one number.",
+                "Express {v} in base {base} and give the resulting string of digits as one number.",
+            ),
+        ),
+    ),
+)
+
+
+# -- combinatorics --------------------------------------------------------------------
+
+
+def _binomial(rng: random.Random) -> Draw:
+    n = rng.randint(20, 60)
+    k = rng.randint(3, n // 2)
+    return Draw(
+        {"n": str(n), "k": str(k), "k_word": words(k)},
+        math.comb(n, k),
+        f"import math\nprint(math.comb({n}, {k}))",
+        f"print(math.comb({n}, {k}))",
+        _NO_MATH,
+        (0, n, k),
+    )
+
+
+def _permutations(rng: random.Random) -> Draw:
+    n = rng.randint(20, 60)
+    m = rng.randint(4, 9)
+    return Draw(
+        {"n": str(n), "m": str(m), "m_word": words(m)},
+        math.perm(n, m),
+        f"import math\nprint(math.perm({n}, {m}))",
+        f"print(math.perm({n}, {m}))",
+        _NO_MATH,
+        (1, n, m),
+    )
+
+
+COMBINATORICS = Family(
+    "combinatorics",
+    (
+        Variant(
+            "binomial",
+            _binomial,
+            (
+                "In how many ways can a committee of {k} be chosen from {n} people?",
+                "Compute $\\binom{{{n}}}{{{k}}}$.",
+                "How many {k}-element subsets does a set with {n} elements have?",
+                "A club of {n} members picks {k_word} of them to form a team. How many "
+                "different teams are possible?",
+                "What is {n} choose {k}? Give the exact integer.",
+                "Find the number of ways to select {k_word} cards from {n} different cards "
+                "when the order does not matter.",
+            ),
+        ),
+        Variant(
+            "permutations",
+            _permutations,
+            (
+                "How many ordered arrangements of {m} distinct books can be made from a shelf "
+                "of {n} distinct books?",
+                "In how many ways can {m_word} of {n} people be seated in a row of {m_word} "
+                "chairs?",
+                "Compute the number of permutations $P({n}, {m})$.",
+                "A race has {n} runners. In how many ways can the first {m_word} places be filled?",
+                "How many ordered sequences of {m} different items can be chosen from {n} items?",
+                "Find $\\frac{{{n}!}}{{({n}-{m})!}}$.",
+            ),
+        ),
+    ),
+)
+
+
+FAMILIES: tuple[Family, ...] = (
+    PRODUCT,
+    MODPOW,
+    DIGIT_SUM,
+    PRIME_COUNT,
+    GCD_LCM,
+    BASE_CONVERSION,
+    COMBINATORICS,
+)
+
+
+def generate_splits(seed: int = DEMO_SEED) -> dict[str, list[DemoProblem]]:
+    """Every split, a pure function of ``seed`` (see the module docstring)."""
+    rng = random.Random(seed)
+    seen: set[tuple[object, ...]] = set()
     splits: dict[str, list[DemoProblem]] = {}
     for name in SPLITS:
         problems: list[DemoProblem] = []
         while len(problems) < SPLIT_SIZES[name]:
-            family_fn = FAMILIES[len(problems) % len(FAMILIES)]
-            family, question, answer, solution = family_fn(rng)
-            if question in seen:  # splits must not share a question
+            family = FAMILIES[len(problems) % len(FAMILIES)]
+            variant, j = rng.choice(family.templates(held_out=name in HELD_OUT_SPLITS))
+            draw = variant.draw(rng)
+            key = (variant.name, *draw.key)
+            if key in seen:  # splits must not share a problem, however phrased
                 continue
-            seen.add(question)
+            seen.add(key)
             problems.append(
                 DemoProblem(
                     id=f"demo-{name}-{len(problems):04d}",
-                    family=family,
-                    question=question + " Give the exact integer.",
-                    answer=answer,
-                    solution=solution,
+                    family=family.name,
+                    variant=variant.name,
+                    template=f"{variant.name}/{j}",
+                    question=variant.templates[j].format(**draw.fields),
+                    answer=draw.answer,
+                    solution=draw.solution,
+                    first_try=draw.first_try,
+                    repair=draw.repair,
                 )
             )
         splits[name] = problems
@@ -181,11 +668,11 @@ def _generate_all() -> dict[str, list[DemoProblem]]:
 
 @functools.lru_cache(maxsize=1)
 def _all_splits() -> dict[str, tuple[DemoProblem, ...]]:
-    return {name: tuple(problems) for name, problems in _generate_all().items()}
+    return {name: tuple(problems) for name, problems in generate_splits(DEMO_SEED).items()}
 
 
 def demo_problems(split: str = "train") -> list[DemoProblem]:
-    """All problems of one split (``train``, ``dev`` or ``test``), in a fixed order."""
+    """All problems of one split (``train``, ``dev``, ``test`` or ``paraphrase``), in order."""
     if split not in SPLIT_SIZES:
         raise ConfigError(f"demo split must be one of {list(SPLITS)}, got {split!r}")
     return list(_all_splits()[split])

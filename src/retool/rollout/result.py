@@ -5,10 +5,18 @@ over trajectories are over the *included* ones (excluded trajectories have no
 reward); ``stop/<reason>`` fractions are over all of them, so they add to 1.
 The sandbox numbers are the window of this batch only (the reference logged
 cumulative rates as if they were per step).
+
+With ``rollout.dynamic_sampling`` the result also says which groups train:
+only the informative ones (:func:`informative`), the others are *filtered*
+(their advantages are 0 and :meth:`RolloutResult.training_trajectories`
+leaves them out, so a loss aggregation's ``N`` counts only what trains, as
+in DAPO). ``rollout/filtered_groups`` and ``rollout/extra_questions`` are
+recorded only then.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from retool.rollout.types import StopReason, Trajectory
@@ -33,6 +41,13 @@ class RolloutCounters:
     skipped_questions: int = 0  # questions whose first prompt did not fit
 
 
+def informative(members: Sequence[Trajectory]) -> bool:
+    """Whether a group gives a learning signal: two included members that scored differently."""
+    rewards = {t.reward for t in members if not t.excluded}
+    included = sum(not t.excluded for t in members)
+    return included >= 2 and len(rewards) > 1
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -47,6 +62,8 @@ class RolloutResult:
     wall_seconds: float
     counters: RolloutCounters = field(default_factory=RolloutCounters)
     sandbox: dict[str, float] = field(default_factory=dict)  # this batch's window
+    filtering: bool = False  # rollout.dynamic_sampling: uninformative groups do not train
+    extra_questions: int = 0  # questions drawn beyond the batch to replace filtered groups
 
     @property
     def included(self) -> list[Trajectory]:
@@ -60,12 +77,14 @@ class RolloutResult:
     def degenerate_groups(self) -> int:
         """Questions that give no learning signal: fewer than two included
         trajectories, or every included reward equal (all right or all wrong)."""
-        count = 0
-        for members in self.groups():
-            rewards = {t.reward for t in members if not t.excluded}
-            included = sum(not t.excluded for t in members)
-            count += included < 2 or len(rewards) <= 1
-        return count
+        return sum(not informative(members) for members in self.groups())
+
+    def training_trajectories(self) -> list[Trajectory]:
+        """The trajectories that count in the step's loss: all of them, or with
+        filtering those of the informative groups."""
+        if not self.filtering:
+            return list(self.trajectories)
+        return [t for members in self.groups() if informative(members) for t in members]
 
     def metrics(self) -> dict[str, float]:
         trajectories = self.trajectories
@@ -93,6 +112,9 @@ class RolloutResult:
             ),
             "rollout/wall_s": self.wall_seconds,
         }
+        if self.filtering:
+            metrics["rollout/filtered_groups"] = float(self.degenerate_groups())
+            metrics["rollout/extra_questions"] = float(self.extra_questions)
         for name, value in asdict(self.counters).items():
             if name != "sampled_tokens":
                 metrics[f"rollout/{name}"] = float(value)

@@ -38,6 +38,20 @@ the code could have caused), every attempt failing is that trajectory's
 failure: it ends as ``sandbox_unreported``, is scored (no answer: -1) and
 trains like any other, and ``rollout/sandbox_unreported`` counts it.
 
+Dynamic sampling (``rollout.dynamic_sampling``, DAPO's filter): the caller
+passes ``reserve``, extra questions in a fixed order. Each time a group ends
+uninformative (every included member scored alike, or fewer than two
+included), the next reserve question starts at once, in the next slot, while
+the other groups run on: no round barrier here either. Which extras run does
+not depend on timing: with ``Q`` batch questions, every uninformative group
+found starts one extra, so at the end ``Q + uninformative = slots`` and the
+last slot is informative; the slots are therefore the shortest prefix of
+``batch + reserve`` that holds ``Q`` informative groups (or all of it), a
+function of the groups' outcomes, which their seeds decide. Uninformative
+groups get advantage 0 and do not train (``RolloutResult.filtering``). A
+resumed step reuses journaled groups of reserve slots like any other, and the
+same rule gives the same slots.
+
 Nothing here knows which backend it talks to: the sampler is anything with
 ``sample_async(ModelInput, num_samples, SamplingParams)``, the sandbox
 anything with ``arun(code)`` returning an :class:`~retool.sandbox.ExecResult`.
@@ -60,7 +74,7 @@ from retool.protocol import ParseKind, get_protocol
 from retool.reward import EquivalenceChecker, Scorer, score_answer
 from retool.rollout.advantages import assign_group_advantages
 from retool.rollout.budget import TurnPlan, fit_observation, plan_turn, wrapper_tokens
-from retool.rollout.result import RolloutCounters, RolloutResult
+from retool.rollout.result import RolloutCounters, RolloutResult, informative
 from retool.rollout.seeds import FIRST_TURN_GROUP, sample_seed
 from retool.rollout.sync import synchronous
 from retool.rollout.types import (
@@ -140,8 +154,14 @@ class _Batch:
         reward_timeout: float,
         reuse: Mapping[int, Sequence[Trajectory]],
         scorer: Scorer | None,
+        reserve: Sequence[MathExample],
     ) -> None:
         self.reuse = reuse
+        self.filtering = config.dynamic_sampling
+        self.reserve = list(reserve) if config.dynamic_sampling else []
+        self.wanted = len(examples)  # informative groups the caller asked for
+        self.ended: dict[int, int] = {}  # trajectories ended (scored) per question slot
+        self.questions: list[asyncio.Task[None]] = []
         self.scorer = scorer
         self.client = sampling_client
         self.tokenizer = tokenizer
@@ -163,18 +183,18 @@ class _Batch:
         self.tool_slots = asyncio.Semaphore(config.max_in_flight_tools)
         self.shared_code: dict[tuple[int, str], asyncio.Task[tuple[ExecResult | None, int]]] = {}
         self.tool_timeout = sandbox.timeout if sandbox is not None else None
-        self.reserve: int | None = None  # wrapper + minimum observation, measured once
+        self.reserved_tokens: int | None = None  # wrapper + minimum observation, measured once
         self.started = time.monotonic()
         self.scoring: list[asyncio.Task[None]] = []
 
     # -- budgets -----------------------------------------------------------------
     def _reserve(self, messages: list[dict[str, Any]]) -> int:
-        if self.reserve is None:
-            self.reserve = (
+        if self.reserved_tokens is None:
+            self.reserved_tokens = (
                 wrapper_tokens(self.dialect, self.tokenizer, messages)
                 + self.config.min_observation_tokens
             )
-        return self.reserve
+        return self.reserved_tokens
 
     def plan(self, trajectory: Trajectory, prompt_len: int) -> TurnPlan | None:
         """The budget of the trajectory's next turn (``None``: no room left)."""
@@ -322,6 +342,31 @@ class _Batch:
             await self.score(trajectory)
         assert trajectory.stop_reason is not None
         self.notify(trajectory, trajectory.stop_reason, 1)
+        slot = trajectory.question_index
+        self.ended[slot] = self.ended.get(slot, 0) + 1
+        if self.ended[slot] == self.group_size:
+            self.group_ended(slot)
+
+    # -- dynamic sampling ----------------------------------------------------------
+    def start_question(self, slot: int, example: MathExample) -> None:
+        self.questions.append(asyncio.ensure_future(self.run_question(slot, example)))
+
+    def group_ended(self, slot: int) -> None:
+        """Every member of ``slot`` ended and is scored: an uninformative group, with
+        dynamic sampling, starts the next reserve question (see the module docstring)."""
+        if not self.filtering:
+            return
+        group = self.trajectories[slot * self.group_size : (slot + 1) * self.group_size]
+        members = [t for t in group if t is not None]
+        assert len(members) == self.group_size, "a whole group has ended"
+        drawn = len(self.examples) - self.wanted
+        if informative(members) or drawn >= len(self.reserve):
+            return
+        example = self.reserve[drawn]
+        self.examples.append(example)
+        self.trajectories.extend([None] * self.group_size)
+        self.total += self.group_size
+        self.start_question(len(self.examples) - 1, example)
 
     def notify(
         self, trajectory: Trajectory | None, reason: StopReason, count: int, reused: bool = False
@@ -387,6 +432,7 @@ class _Batch:
                 self.trajectories[question_index * group + g] = trajectory
                 assert trajectory.stop_reason is not None
                 self.notify(trajectory, trajectory.stop_reason, 1, reused=True)
+            self.group_ended(question_index)
             return
         messages = self.dialect.initial_messages(
             example.question, self.tokenizer, tools=self.sandbox is not None
@@ -413,6 +459,7 @@ class _Batch:
                 self.trajectories[slot] = branch
             self.counters.skipped_questions += 1
             self.notify(None, StopReason.PROMPT_TOO_LONG, group)
+            self.group_ended(question_index)
             return
         seed = sample_seed(self.config.seed, self.step, question_index, FIRST_TURN_GROUP, 0)
         sampled, error, seconds = await self.sample(None, prompt, group, seed, plan.max_tokens)
@@ -544,13 +591,20 @@ class _Batch:
     async def run(self) -> RolloutResult:
         if self.sandbox is not None:
             self.sandbox.stats.snapshot_and_reset()  # the window starts with this batch
-        await asyncio.gather(
-            *(self.run_question(q, example) for q, example in enumerate(self.examples))
-        )
-        await asyncio.gather(*self.scoring)
+        for q, example in enumerate(list(self.examples)):
+            self.start_question(q, example)
+        # A group that ends may start a reserve question: wait until nothing is left.
+        while not all(task.done() for task in (*self.questions, *self.scoring)):
+            await asyncio.gather(*self.questions, *self.scoring)
         trajectories = [t for t in self.trajectories if t is not None]
         assert len(trajectories) == self.total, "every slot gets a trajectory"
         assign_group_advantages(trajectories, self.config.advantage)
+        if self.filtering:  # exactly 0: equal rewards can centre to a rounding residue
+            for slot in range(len(self.examples)):
+                members = trajectories[slot * self.group_size : (slot + 1) * self.group_size]
+                if not informative(members):
+                    for trajectory in members:
+                        trajectory.advantage = 0.0
         window = self.sandbox.stats.snapshot_and_reset() if self.sandbox is not None else {}
         return RolloutResult(
             trajectories=trajectories,
@@ -559,6 +613,8 @@ class _Batch:
             wall_seconds=time.monotonic() - self.started,
             counters=self.counters,
             sandbox=dict(window),
+            filtering=self.filtering,
+            extra_questions=len(self.examples) - self.wanted,
         )
 
 
@@ -576,6 +632,7 @@ async def rollout_batch_async(
     context_limit: int | None = None,
     reuse: Mapping[int, Sequence[Trajectory]] | None = None,
     scorer: Scorer | None = None,
+    reserve: Sequence[MathExample] = (),
 ) -> RolloutResult:
     """Roll out ``group_size`` trajectories per example; for callers inside an event loop.
 
@@ -591,13 +648,19 @@ async def rollout_batch_async(
     resumed step): those slots are not sampled again, and their advantages are
     recomputed with the rest of the batch. ``scorer(final_text, reference)``
     replaces the boxed-answer reward (see :func:`retool.reward.load_reward_function`).
+
+    ``reserve`` are the extra questions of dynamic sampling, used in order and
+    only with ``config.dynamic_sampling``; reserve question ``k`` takes slot
+    ``len(examples) + k`` (a slot ``reuse`` may name). The result then holds
+    ``len(examples) + result.extra_questions`` groups.
     """
     reuse = dict(reuse or {})
+    slots = len(examples) + (len(reserve) if config.dynamic_sampling else 0)
     for slot, members in reuse.items():
-        if not 0 <= slot < len(examples) or len(members) != config.group_size:
+        if not 0 <= slot < slots or len(members) != config.group_size:
             raise ValueError(
                 f"reuse[{slot}] must be a complete group of {config.group_size} trajectories "
-                f"for a slot below {len(examples)}"
+                f"for a slot below {slots}"
             )
     check_context_limit(config, sampling_client.max_context_tokens, "the sampler")
     check_context_limit(config, context_limit, "the trainer")
@@ -613,6 +676,7 @@ async def rollout_batch_async(
         reward_timeout,
         reuse,
         scorer,
+        reserve,
     )
     return await batch.run()
 

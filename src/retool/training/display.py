@@ -11,6 +11,8 @@ import sys
 
 from tqdm import tqdm
 
+from retool.training.ticker import keep_ticking
+
 
 class Display:
     """An outer bar over steps and an inner one over trajectories (tqdm; silent off a TTY).
@@ -22,6 +24,7 @@ class Display:
         self, total_steps: int, first_step: int, per_step: int, enabled: bool, unit: str
     ) -> None:
         disable = None if enabled else True  # None: tqdm turns itself off when not a TTY
+        self.per_step = per_step
         self.steps = tqdm(
             total=total_steps,
             initial=first_step,
@@ -42,15 +45,18 @@ class Display:
             file=sys.stderr,
             dynamic_ncols=True,
         )
+        keep_ticking(self.inner, self.steps)  # elapsed time moves while a straggler decodes
 
     def phase(self, name: str) -> None:
         self.inner.set_description_str(name)
 
-    def advance(self, count: int) -> None:
+    def advance(self, count: int, total: int | None = None) -> None:
+        if total is not None and total != self.inner.total:  # dynamic sampling's extras
+            self.inner.total = total
         self.inner.update(count)
 
     def new_step(self, phase: str) -> None:
-        self.inner.reset()
+        self.inner.reset(total=self.per_step)
         self.inner.set_description_str(phase)
 
     def end_step(self, line: str, advance: bool = True) -> None:
@@ -74,9 +80,15 @@ def step_summary(step: int, total: int, metrics: dict[str, float]) -> str:
         loss_text = f"loss {loss:+.3g}"
         if "optim/grad_norm" in metrics:
             loss_text += f"  grad norm {metrics['optim/grad_norm']:.3g}"
-    return (
+    line = (
         f"step {step}/{total}  {metrics['time/step_s']:.1f}s  {loss_text}  "
         f"reward {metrics['reward/mean']:+.3f}  correct {metrics['reward/correct']:.3f}  "
         f"code calls {metrics['rollout/code_calls']:.2f}  "
         f"{metrics['rollout/tokens_per_s']:.0f} tok/s"
     )
+    if "rollout/filtered_groups" in metrics:  # rollout.dynamic_sampling is on
+        line += (
+            f"  filtered {metrics['rollout/filtered_groups']:.0f} groups"
+            f" (+{metrics['rollout/extra_questions']:.0f} questions)"
+        )
+    return line

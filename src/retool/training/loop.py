@@ -4,10 +4,14 @@ Per step ``s`` (1-based; seeds and batches derive from it):
 
 1. snapshot the policy into a sampling client (the weights after ``s - 1`` updates);
 2. roll out ``questions_per_batch x group_size`` trajectories (journaled as they end);
+   with ``rollout.dynamic_sampling``, a group whose members all scored alike
+   is dropped and replaced by a question of the step's reserve
+   (:func:`retool.data.take_reserve`, up to ``rollout.max_oversample``);
 3. build one datum per trajectory with a non-zero advantage, scale the
    advantages for the loss aggregation, pack micro-batches by padded area;
 4. ``forward_backward`` per micro-batch, then ONE ``optim_step`` (skipped and
-   logged when nothing trains);
+   logged when nothing trains; a step whose every trajectory failed in the
+   sampler or sandbox stops the run instead, see :mod:`retool.training.step_notes`);
 5. when a checkpoint is due, write its state and sampler directories;
 6. commit the step (rollouts file, then its metrics line), then the
    checkpoint's manifest line: a kill between the two leaves a complete step
@@ -41,7 +45,8 @@ from typing import Any
 
 from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
-from retool.data import load_dataset, take_batch
+from retool.data import load_dataset, take_batch, take_reserve
+from retool.errors import ServiceError
 from retool.reward import default_checker, load_reward_function
 from retool.rollout import rollout_batch
 from retool.sandbox import open_sandbox
@@ -54,6 +59,12 @@ from retool.training.periodic_eval import PeriodicEval
 from retool.training.provenance import RunInputs, digest_records
 from retool.training.run_dir import RunDirectory
 from retool.training.session import Phases, Session
+from retool.training.step_notes import (
+    INFRASTRUCTURE_STOPS,
+    AlikeNote,
+    exclusion_note,
+    infrastructure_stop,
+)
 
 
 def train(
@@ -85,6 +96,7 @@ def train(
     tokenizer = trainer.get_tokenizer()
     loss_config = {"clip_low_threshold": cfg.clip_low, "clip_high_threshold": cfg.clip_high}
     sandbox = open_sandbox(config.sandbox)
+    alike_note = AlikeNote()
     try:
         evaluation = PeriodicEval(config, session, sandbox, scorer)
         with session.running():
@@ -95,14 +107,34 @@ def train(
                 display.new_step("sampling")
                 phases = Phases(display.phase)
                 batch = take_batch(examples, cfg.questions_per_batch, step - 1, config.data.seed)
+                reserve = []
+                if config.rollout.dynamic_sampling:  # slots after the batch's, in this order
+                    reserve = take_reserve(
+                        examples,
+                        cfg.questions_per_batch,
+                        config.rollout.max_oversample,
+                        step - 1,
+                        config.data.seed,
+                    )
                 journal = run.journal(step)
-                reuse = journal.complete_groups(batch, config.rollout.group_size)
+                reuse = journal.complete_groups([*batch, *reserve], config.rollout.group_size)
+                # a journal of an older version may hold service failures: sample them again
+                reuse = {
+                    slot: group
+                    for slot, group in reuse.items()
+                    if not any(t.stop_reason in INFRASTRUCTURE_STOPS for t in group)
+                }
 
                 def on_trajectory(event: Any, journal: Any = journal, step: int = step) -> None:
-                    if event.trajectory is not None and not event.reused:
-                        journal.append(event.trajectory)
+                    # a service failure is not journaled: a resume samples its group again
+                    trajectory = event.trajectory
+                    failed = (
+                        trajectory is not None and trajectory.stop_reason in INFRASTRUCTURE_STOPS
+                    )
+                    if trajectory is not None and not event.reused and not failed:
+                        journal.append(trajectory)
                         crash_point("journal", step)
-                    display.advance(event.count)
+                    display.advance(event.count, event.total)
 
                 # 1. snapshot: the weights after step - 1 updates, frozen for sampling
                 with phases("snapshot"):
@@ -123,15 +155,26 @@ def train(
                             reward_timeout=config.reward.timeout,
                             context_limit=cfg.max_train_tokens,
                             reuse=reuse,
+                            reserve=reserve,
                         )
                 finally:
                     close_quietly(sampler, "sampler")
                 session.guard.check()
+                stop = infrastructure_stop(
+                    step,
+                    result.trajectories,
+                    sample_retries=config.rollout.sample_retries,
+                    sandbox_retries=config.rollout.sandbox_retries,
+                    completed=session.state.completed,
+                )
+                if stop is not None:
+                    session.run.log(stop)
+                    raise ServiceError(stop)
                 # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
                 with phases("datums"):
                     datums = build_training_datums(result.trajectories, cfg.max_train_tokens)
                     datums = scale_advantages(
-                        datums, cfg.loss_aggregation, len(result.trajectories)
+                        datums, cfg.loss_aggregation, len(result.training_trajectories())
                     )
                     micro_batches = session.pack(datums)
                 metrics = dict(result.metrics())
@@ -155,7 +198,9 @@ def train(
                     checkpoint = session.checkpoint_if_due(step, phases)
                     session.commit(step, metrics, phases, result.trajectories, tokens)
                     session.add_checkpoint(step, checkpoint)
-                note = "" if micro_batches else "  (every group scored alike: nothing to train)"
+                excluded_all = all(t.excluded for t in result.trajectories)
+                note = exclusion_note(result.trajectories)
+                note += alike_note(bool(micro_batches), excluded_all)
                 session.report(step, metrics, tokens, note)
                 if evaluation.due(step):
                     evaluation.run(step)

@@ -60,6 +60,19 @@ reference solutions with the *real* sandbox output as the observation (never
 the known answer pasted in), with varied phrasing drawn from a seeded RNG per
 problem so the model does not memorise one sentence; problems whose sandbox
 output does not match the reference answer are skipped.
+
+A share of them (``failure_share``, 1 in 4 by default) shows a failure mode
+that RL policies were seen to fall into, and its repair: the first call is
+the problem's plausible wrong attempt (``DemoProblem.first_try``: a missing
+import, a function that does not exist, ``sum`` over characters, ``int`` of
+an unquoted numeral), the observation is that attempt's real traceback, and
+the second call, after one sentence naming the mistake, is the reference
+solution. Without these, a cold-started policy has only ever seen calls
+that succeed, and meets its own first traceback during RL with nothing to
+imitate. Where the wrong attempt does not actually fail (``math.pow`` does
+not overflow for a small power), the problem gets the plain demonstration.
+The demonstrations come from whichever split they are given; ``retool sft
+make-demos`` gives them ``demo:train`` (or ``demo:dev``), never a held-out one.
 """
 
 from __future__ import annotations
@@ -342,6 +355,15 @@ ANSWER_ENDS = (
 )
 
 
+REPAIR_LEADS = (
+    "That raised an error.",
+    "The code failed.",
+    "That did not work.",
+    "The interpreter reports an error.",
+)
+FAILURE_SHARE = 0.25  # demonstrations that show a failed first call and its repair
+
+
 def _final_answer(rng: random.Random, answer: str) -> str:
     """One of the phrasings, always ending in ``\\boxed{answer}``."""
     read, end = rng.choice(ANSWER_READS), rng.choice(ANSWER_ENDS)
@@ -349,35 +371,59 @@ def _final_answer(rng: random.Random, answer: str) -> str:
 
 
 def make_demonstrations(
-    problems: Sequence[DemoProblem], sandbox: _Runs, seed: int = 0
+    problems: Sequence[DemoProblem],
+    sandbox: _Runs,
+    seed: int = 0,
+    failure_share: float = FAILURE_SHARE,
 ) -> list[Conversation]:
     """One conversation per problem whose reference solution really prints its answer.
 
     The observation is the sandbox's real output (``format_tool_content``),
-    the final answer boxes that output. Phrasing comes from an RNG seeded by
-    ``seed`` and the problem id, so a problem gets the same text whatever
-    subset it is generated in. Problems whose execution fails or prints
-    something other than the answer are skipped (``len(problems) -
+    the final answer boxes that output. Phrasing, and whether the
+    conversation opens with the problem's failing first try (with
+    probability ``failure_share``, see the module docstring), come from an
+    RNG seeded by ``seed`` and the problem id, so a problem gets the same
+    text whatever subset it is generated in. Problems whose execution fails
+    or prints something other than the answer are skipped (``len(problems) -
     len(result)`` of them; their ids are the ones missing from the result).
     Executions run concurrently, up to ``sandbox.max_workers``.
     """
-    workers = max(1, min(int(getattr(sandbox, "max_workers", 1)), len(problems) or 1))
+    if not 0.0 <= failure_share <= 1.0:
+        raise DataError(f"failure_share must be in [0, 1], got {failure_share!r}")
+    plans = []
+    for problem in problems:
+        rng = random.Random(f"retool-sft:{seed}:{problem.id}")
+        fails = rng.random() < failure_share
+        plans.append((problem, rng, fails))
+    codes = [p.solution for p in problems]
+    codes += [p.first_try for p, _, fails in plans if fails]
+    workers = max(1, min(int(getattr(sandbox, "max_workers", 1)), len(codes) or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="demos") as pool:
-        results = list(pool.map(lambda p: sandbox.run(p.solution), problems))
+        results = list(pool.map(sandbox.run, codes))
+    tried = iter(results[len(problems) :])
     conversations: list[Conversation] = []
-    for problem, result in zip(problems, results, strict=True):
+    for (problem, rng, fails), result in zip(plans, results[: len(problems)], strict=True):
+        first = next(tried) if fails else None
         output = format_tool_content(result)
         answer = output.strip()
         if not result.ok or answer != str(problem.answer).strip():
             continue
-        rng = random.Random(f"retool-sft:{seed}:{problem.id}")
-        messages = (
-            {"role": "user", "content": problem.question},
-            {"role": "assistant", "content": rng.choice(CALL_LEADS), "code": problem.solution},
+        lead = rng.choice(CALL_LEADS)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": problem.question}]
+        if first is not None and not first.ok:
+            repair = f"{rng.choice(REPAIR_LEADS)} {problem.repair}"
+            messages += [
+                {"role": "assistant", "content": lead, "code": problem.first_try},
+                {"role": "tool", "content": format_tool_content(first)},
+                {"role": "assistant", "content": repair, "code": problem.solution},
+            ]
+        else:
+            messages.append({"role": "assistant", "content": lead, "code": problem.solution})
+        messages += [
             {"role": "tool", "content": output},
             {"role": "assistant", "content": _final_answer(rng, answer)},
-        )
-        conversations.append(Conversation(id=problem.id, messages=messages))
+        ]
+        conversations.append(Conversation(id=problem.id, messages=tuple(messages)))
     return conversations
 
 

@@ -7,7 +7,9 @@
   (:func:`retool.backends.cleanup.close_all`) warns in one line while the
   real error of the command still wins;
 * a sampler without ``close`` (the clean-up skips it);
-* a service that fails every sample: one ``BackendError`` naming the call.
+* a service that fails every sample: one ``BackendError`` naming the call, and
+  a ``retool train`` step whose every sample failed stops the run in one line
+  (exit 2) with the last completed step's checkpoint kept.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ pytest.importorskip("tinker")
 
 from retool.backends import remote, service_client
 from retool.backends.cleanup import close_all, close_quietly
+from retool.cli import main
 from retool.config import ModelConfig
 from retool.errors import BackendError
+from retool.training.run_dir import RunDirectory
 from retool.types import ModelInput, SamplingParams
 from tests.backends.remote.fakes import EOS
 from tests.backends.remote.test_pytrio import CLIP, DATUMS, local_update
+from tests.builders import run_toml
 
 
 def _service(fake, tmp_path):
@@ -93,3 +98,53 @@ def test_a_service_that_fails_every_sample_is_one_backend_error(fake_tinker, tmp
                 sampler.sample(ModelInput.from_ints([5, 6]), 1, params).result()
     finally:
         close_all(service)
+
+
+def _run_toml(fake, run_dir, steps: int) -> str:
+    return run_toml(
+        {},
+        model={"backend": "tinker", "base_model": fake.base_model, "lora_rank": 8},
+        data={"train": "demo:train"},
+        rollout={
+            "group_size": 2,
+            "max_assistant_turns": 1,
+            "max_code_calls": 1,
+            "max_trajectory_tokens": 400,
+            "max_assistant_tokens": 8,
+            "max_tool_response_tokens": 32,
+            "min_observation_tokens": 8,
+            "sample_retries": 1,
+            "retry_backoff": 0.0,
+        },
+        reward={"function": "tests.backends.remote.fakes:alternating_reward"},
+        train={
+            "steps": steps,
+            "questions_per_batch": 2,
+            "save_every": 1,
+            "max_train_tokens": 400,
+            "run_dir": str(run_dir),
+        },
+    )
+
+
+def test_a_step_whose_every_sample_failed_stops_the_run_and_keeps_the_checkpoint(
+    fake_tinker, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(_run_toml(fake_tinker, run_dir, 1))
+    assert main(["train", "--config", str(config), "--no-progress"]) == 0
+    config.write_text(_run_toml(fake_tinker, run_dir, 3))
+    capsys.readouterr()
+    fake_tinker.faults.fail("asample", times=10_000, status=400)
+    assert main(["train", "--config", str(config), "--resume", "--no-progress"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1, err
+    assert "step 2: all 4 trajectories failed (4 in the sampler after 1 retry each" in err[0]
+    assert "step 1 is the last completed one and keeps its checkpoint" in err[0]
+    assert "--resume" in err[0]
+    run = RunDirectory(run_dir)
+    assert run.completed_steps() == [1]
+    assert [c.step for c in run.checkpoints()] == [1]
+    assert not any(run_dir.joinpath("journal").iterdir())  # failures are not reused on resume
+    assert err[0].removeprefix("retool: error: ") in run.log_path.read_text()
