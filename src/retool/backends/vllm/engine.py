@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import itertools
 import logging
 import os
@@ -96,6 +97,12 @@ def prepare_environment(options: EngineOptions) -> None:
         bind = f"0-{max((os.cpu_count() or 1) - 1, 0)}"
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(options.kv_cache_gb))
+
+
+def check_installed() -> None:
+    """Refuse, before anything is written, a vLLM sampler without vLLM (no import: seconds)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise DependencyError(INSTALL_HINT)
 
 
 def import_vllm() -> Any:
