@@ -20,6 +20,7 @@ from retool.errors import StalePolicyError
 from retool.rollout import rollout_batch
 from retool.types import AdamParams, Datum, ModelInput, SamplerStop, SamplingParams, TensorData
 
+pytestmark = pytest.mark.slow  # the module's one engine takes 60-95 s to start on a loaded host
 PROMPT = list(range(100, 130))
 
 
