@@ -32,6 +32,10 @@ class BackendError(RetoolError):
     """A model backend rejected a request (bad model name, too long input...)."""
 
 
+class StalePolicyError(BackendError):
+    """A sample came from other weights than the step's policy (a weight sync did not apply)."""
+
+
 class ServiceError(RetoolError):
     """A service the run depends on (sampler, sandbox) kept failing after every retry."""
 

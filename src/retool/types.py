@@ -206,6 +206,9 @@ class SampledSequence:
     logprobs: tuple[float, ...]  # policy logprob of each token, temperature 1, unfiltered
     text: str | None = None  # decoded from ``tokens`` (special tokens skipped)
     stop_reason: SamplerStop = SamplerStop.LENGTH  # why sampling ended
+    # the weights that produced it, as the engine reports them (``policy-step-N``); None
+    # where the sampler cannot say (a frozen local snapshot, a remote service)
+    policy_version: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):

@@ -69,7 +69,7 @@ from typing import Any
 
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
-from retool.errors import ConfigError
+from retool.errors import ConfigError, StalePolicyError
 from retool.protocol import ParseKind, get_protocol
 from retool.reward import EquivalenceChecker, Scorer, score_answer
 from retool.rollout.advantages import assign_group_advantages
@@ -164,6 +164,8 @@ class _Batch:
         self.questions: list[asyncio.Task[None]] = []
         self.scorer = scorer
         self.client = sampling_client
+        # the weights the step must sample with (a vLLM sampler says; None: not checked)
+        self.policy_version: str | None = getattr(sampling_client, "policy_version", None)
         self.tokenizer = tokenizer
         self.sandbox = sandbox
         self.examples = list(examples)
@@ -224,6 +226,13 @@ class _Batch:
         )
 
     def read(self, sequence: SampledSequence) -> _Sampled:
+        produced = getattr(sequence, "policy_version", None)
+        if self.policy_version is not None and produced != self.policy_version:
+            raise StalePolicyError(
+                f"step {self.step}: a sample came from weights {produced!r}, the step's policy "
+                f"is {self.policy_version!r}: the sampler's weight sync did not apply; "
+                "nothing of this step was trained (check the [sampler] settings and the log)"
+            )
         tokens = [int(t) for t in sequence.tokens]
         logprobs = [float(v) for v in sequence.logprobs]
         if len(tokens) != len(logprobs):
@@ -262,8 +271,8 @@ class _Batch:
                     )
                 read = [self.read(s) for s in sequences]
                 return read, None, time.monotonic() - started
-            except asyncio.CancelledError:
-                raise
+            except (asyncio.CancelledError, StalePolicyError):
+                raise  # a stale sampler stays stale: retrying would train on the wrong policy
             except Exception as exc:  # infrastructure: retry, then fail this trajectory only
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("sampler call failed (attempt %d/%d): %s", attempt + 1, attempts, error)

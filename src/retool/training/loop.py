@@ -138,7 +138,7 @@ def train(
 
                 # 1. snapshot: the weights after step - 1 updates, frozen for sampling
                 with phases("snapshot"):
-                    sampler = trainer.save_weights_and_get_sampling_client()
+                    sampler = session.sampler()  # local copy, or the vLLM engine synced
                 # 2. rollout: questions_per_batch x group_size trajectories, scored
                 try:
                     with phases("rollout"):

@@ -112,9 +112,16 @@ def open_service(config: Any, run: Any, resume: bool) -> Any:
     return service_client(config.model, checkpoint_root=run.checkpoint_root, **options)
 
 
-def record_numerics(run: Any, service: Any, resume: bool) -> None:
+def sampler_numerics(numerics: Any, config: Any) -> Any:
+    """The run's numerics with a vLLM sampler's dtype (``sampler.dtype``) for the sampler role."""
+    if numerics is None or config.sampler.engine != "vllm":
+        return numerics
+    return dataclasses.replace(numerics, sampler=config.sampler.dtype)
+
+
+def record_numerics(run: Any, service: Any, resume: bool, numerics: Any = None) -> None:
     """Write ``numerics.json`` (and a log line); on resume, refuse a change."""
-    numerics = getattr(service, "numerics", None)
+    numerics = numerics or getattr(service, "numerics", None)
     if numerics is None:
         return
     recorded = read_numerics(run.path) if resume else None

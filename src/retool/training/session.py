@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retool.backends.cleanup import close_quietly
+from retool.backends.vllm import check_installed, open_policy_sampler
 from retool.config import RunConfig
 from retool.errors import ConfigError
 from retool.interrupts import InterruptGuard
@@ -38,11 +39,11 @@ from retool.training.datum import TrainingDatum
 from retool.training.display import Display, step_summary
 from retool.training.faults import crash_point
 from retool.training.metrics import merge_trainer_metrics
-from retool.training.numerics import open_service, record_numerics
+from retool.training.numerics import open_service, record_numerics, sampler_numerics
 from retool.training.packing import pack_micro_batches, padded_area
 from retool.training.provenance import RunInputs, recorded_init_from
 from retool.training.run_dir import RunDirectory, resolve_checkpoint
-from retool.types import AdamParams, ServiceClient, TrainingClient
+from retool.types import AdamParams, SamplingClient, ServiceClient, TrainingClient
 
 Summary = Callable[[int, int, dict[str, float]], str]
 
@@ -163,6 +164,8 @@ class Session:
     ) -> None:
         cfg = self.cfg = config.train
         self.config = config
+        if config.sampler.engine == "vllm":
+            check_installed()  # before the run directory exists
         self.run = RunDirectory.open(
             run_dir or cfg.run_dir, config, resume, inputs=inputs, init_from=init_from
         )
@@ -173,8 +176,10 @@ class Session:
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
-        record_numerics(self.run, service, resume)
-        self.numerics = getattr(service, "numerics", None)  # local backend: per-role dtypes
+        # local backend: per-role dtypes; a vLLM sampler computes in sampler.dtype
+        self.numerics = sampler_numerics(getattr(service, "numerics", None), config)
+        record_numerics(self.run, service, resume, self.numerics)
+        self.policy_sampler: Any = None  # sampler.engine = "vllm": the run's engine + weight sync
         limit = self.trainer.max_context_tokens
         if limit is not None and 0 < limit < cfg.max_train_tokens:
             raise ConfigError(
@@ -196,6 +201,19 @@ class Session:
         self.run.announce_start(self.start, resume, config.rollout.group_size)
         self.display = Display(cfg.steps, self.start, per_step, progress, unit)
         self.guard = InterruptGuard()
+
+    def sampler(self) -> SamplingClient:
+        """The step's sampling client for the trainer's current weights.
+
+        The local sampler's is a frozen copy; a vLLM engine's weights are synced
+        first (``sampler.sync``) and its replies carry the version they came from.
+        """
+        if self.config.sampler.engine == "local":
+            return self.trainer.save_weights_and_get_sampling_client()
+        if self.policy_sampler is None:  # at the first rollout: SFT never starts an engine
+            root = self.run.checkpoint_root
+            self.policy_sampler = open_policy_sampler(self.config, self.trainer, root)
+        return self.policy_sampler.snapshot()
 
     def steps(self) -> Iterator[int]:
         """The steps left to run; stops early (see :meth:`stop_for_budget`) over budget."""
@@ -230,6 +248,8 @@ class Session:
             self.run.close()
             if self.sink is not None:
                 self.sink.close()
+            if self.policy_sampler is not None:
+                close_quietly(self.policy_sampler, "vLLM sampler")
             # a remote session ends now, not at process exit; a failing close only warns
             close_quietly(self.service, "training service")
 

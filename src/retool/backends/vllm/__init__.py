@@ -1,0 +1,71 @@
+"""vLLM as the rollout sampler (``[sampler] engine = "vllm"``; the ``vllm`` extra).
+
+* :mod:`~retool.backends.vllm.convert`: our sampling contract as vLLM's
+  request fields, its outputs as our :class:`~retool.types.SampledSequence`
+  (no ``vllm`` import; shared with the ``vllm serve`` client);
+* :mod:`~retool.backends.vllm.engine`: one in-process engine per run, driven
+  by one thread, and the per-step :class:`VllmSamplingClient` the rollout uses;
+* :mod:`~retool.backends.vllm.sync`: the trainer's weights in the form the
+  engine loads (``lora`` adapters or ``merged`` weights).
+
+``vllm`` itself is imported only when an engine starts, so the rest of the
+project imports and tests without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from retool.backends.vllm.engine import (
+    EngineOptions,
+    VllmEngine,
+    VllmPolicySampler,
+    VllmSamplingClient,
+    check_installed,
+    policy_version,
+)
+from retool.errors import ConfigError
+
+__all__ = [
+    "EngineOptions",
+    "VllmEngine",
+    "VllmPolicySampler",
+    "VllmSamplingClient",
+    "check_installed",
+    "engine_options",
+    "open_policy_sampler",
+    "policy_version",
+]
+
+
+def engine_options(config: Any) -> EngineOptions:
+    """A :class:`~retool.config.RunConfig`'s ``[sampler]`` settings as engine options."""
+    sampler = config.sampler
+    return EngineOptions(
+        dtype=sampler.dtype,
+        max_model_len=sampler.max_model_len or config.train.max_train_tokens,
+        enforce_eager=sampler.enforce_eager,
+        kv_cache_gb=sampler.kv_cache_gb,
+        gpu_memory_utilization=sampler.gpu_memory_utilization,
+        threads_bind=sampler.threads_bind,
+        max_num_seqs=config.rollout.max_in_flight_samples,
+        seed=config.rollout.seed,
+    )
+
+
+def open_policy_sampler(config: Any, trainer: Any, work_dir: str | Path) -> Any:
+    """The run's vLLM sampler for ``sampler.engine = "vllm"``; ``None`` for the local one.
+
+    Its ``snapshot()`` is the step's sampling client (weights synced first),
+    its ``close()`` ends the engine.
+    """
+    sampler = config.sampler
+    if sampler.engine != "vllm":
+        return None
+    if sampler.url_list:
+        raise ConfigError(
+            "sampler.urls (vllm serve endpoints) is not supported by this build; "
+            'leave sampler.urls = "" for the in-process engine'
+        )
+    return VllmPolicySampler(trainer, sampler.sync, engine_options(config), Path(work_dir) / "vllm")

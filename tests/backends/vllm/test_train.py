@@ -1,0 +1,51 @@
+"""``retool train`` with ``sampler.engine = "vllm"``: two RL steps in each sync mode.
+
+Each run starts its own engine (20-60 s on a loaded 2-core host: the slow part).
+The rollout checks every sample's policy version, so a step that completes
+sampled the trainer's current weights; the float32 mismatch to the trainer
+(``train/sampler_kl``) shows the engine computed the same policy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from retool.cli import main
+from tests.builders import write_run_toml
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def importable_rewards(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["merged", "lora"])
+def test_two_rl_steps_sample_with_vllm(tmp_path, tiny_llama, sync, capsys):
+    config = write_run_toml(
+        tmp_path / "run.toml",
+        model={"base_model": str(tiny_llama), "lora_rank": 4, "dtype": "float32"},
+        rollout={"group_size": 4},
+        train={"save_every": 1},
+        sampler={"engine": "vllm", "sync": sync, "dtype": "float32"},
+    )
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["optim/step"] for m in metrics] == [1.0, 2.0]
+    assert all(m["train/datums"] > 0 for m in metrics)
+    # float32 engine and trainer: the same policy up to rounding
+    assert all(abs(m["train/sampler_kl"]) < 1e-4 for m in metrics), metrics
+    numerics = json.loads((run_dir / "numerics.json").read_text())
+    assert (numerics["sampler"], numerics["trainer"]) == ("float32", "float32")
+    leftovers = list((run_dir / "checkpoints").glob("vllm/*")) + list(
+        (run_dir / "checkpoints" / "sampler").glob("vllm_policy_step_*")
+    )
+    assert leftovers == []  # exported weights and published adapters are removed at the end
