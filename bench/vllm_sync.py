@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--modes", default="local,merged,lora")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per sample")
     args = parser.parse_args()
     from retool.backends.local import LocalServiceClient
     from retool.backends.vllm import EngineOptions, VllmPolicySampler
@@ -95,7 +96,7 @@ def main() -> None:
             client = trainer.save_weights_and_get_sampling_client()
             row["snapshot_s"] = time.monotonic() - started
             workload(client, tokenizer, 8)  # warm-up
-            runs = [workload(client, tokenizer) for _ in range(2)]
+            runs = [workload(client, tokenizer, args.max_tokens) for _ in range(2)]
             client.close()
             syncs = []
             for _ in range(args.steps):
@@ -103,7 +104,7 @@ def main() -> None:
                 started = time.monotonic()
                 client = trainer.save_weights_and_get_sampling_client()
                 syncs.append(time.monotonic() - started)
-                runs.append(workload(client, tokenizer))
+                runs.append(workload(client, tokenizer, args.max_tokens))
                 client.close()
         else:
             options = EngineOptions(dtype=args.dtype, max_model_len=2048, max_num_seqs=16)
@@ -113,14 +114,14 @@ def main() -> None:
             row["engine_s"] = policy.engine.startup_s
             client = policy.snapshot()
             workload(client, tokenizer, 8)  # warm-up
-            runs = [workload(client, tokenizer) for _ in range(2)]
+            runs = [workload(client, tokenizer, args.max_tokens) for _ in range(2)]
             syncs = []
             for _ in range(args.steps):
                 train_step(trainer)
                 started = time.monotonic()
                 client = policy.snapshot()
                 syncs.append(time.monotonic() - started)
-                runs.append(workload(client, tokenizer))
+                runs.append(workload(client, tokenizer, args.max_tokens))
                 probe = client.sample(
                     ModelInput.from_ints([1, 2, 3]), 1, SamplingParams(max_tokens=2)
                 )

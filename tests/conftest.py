@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each of make test's workers gets one compute thread (and passes it on to
+    # the commands it starts): two workers with two OpenMP threads each on a
+    # 2-core machine spin against each other, and torch is not imported yet here.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding ``slow`` tests first, so that with workers (``make test``, whole
+    files per worker, handed out in collection order) the longest files start at
+    once instead of running alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept otherwise
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ from retool.sandbox import (
     format_tool_content,
     open_sandbox,
 )
+from retool.sandbox import fusion as fusion_module
 from retool.sandbox.fusion import (
     _RUNTIME_SOURCE,
     MAX_REQUEST_RETRIES,
@@ -159,6 +160,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with server.cond:
             server.requests.append(payload)
             fault = server.faults.popleft() if server.faults else None
+        if fault == "hang":  # the code runs on (or the service hangs) past the client's wait
+            time.sleep(1.0)
+            self.close_connection = True
+            return None
         if fault == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -287,11 +292,16 @@ def test_same_results_as_the_local_sandbox(fusion, sandbox, code):
         here, there = sandbox.run(code), remote.run(code)
     fields = ("ok", "stdout", "stderr", "returncode", "error_kind", "truncated")
     repeats = re.compile(r"repeated \d+ more times")
+    # The fake service runs the driver in this interpreter, at its host path; the local
+    # calls see the interpreter at its neutral path.
+    stdlib = os.path.dirname(os.__file__)
     seen = [
-        repeats.sub("repeated N more times", str(getattr(r, f)))
+        repeats.sub("repeated N more times", str(getattr(r, f))).replace(stdlib, "<stdlib>")
         for r in (here, there)
         for f in fields
     ]
+    neutral = "/opt/python/lib/python{}.{}".format(*sys.version_info[:2])
+    seen[: len(fields)] = [s.replace(neutral, "<stdlib>") for s in seen[: len(fields)]]
     assert seen[len(fields) :] == seen[: len(fields)]
     assert not any(word in there.stderr for word in RUNTIME_WORDS), there.stderr
 
@@ -463,6 +473,60 @@ def test_a_final_answer_is_not_retried(fusion, fault):
         result = sb.run("print(1)")
     assert len(fusion.requests) - before == 1
     assert result.error_kind == (ErrorKind.SANDBOX if fault == 400 else ErrorKind.ERROR)
+
+
+# -- exclusion evidence (issue 21, class 2): only a request that never left may exclude --
+
+
+def test_no_reply_within_timeout_and_slack_is_the_calls_timeout_not_an_exclusion(fusion):
+    with client(fusion, timeout=0.2, request_slack=0.2, request_retries=3) as sb:
+        fusion.faults.append("hang")
+        before = len(fusion.requests)
+        result = sb.run("print(1)")
+        assert sb.stats.snapshot_and_reset()["timeouts"] == 1
+    assert result.error_kind == ErrorKind.TIMEOUT and result.timed_out and not result.ok
+    assert result.delivered  # sent: it may have run (and may run still)
+    assert len(fusion.requests) - before == 1  # not repeated: it had its whole budget
+    assert "TimeoutError" in format_tool_content(result, 0.2)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [503, 400, "drop", reply("SandboxError", None, "runner crashed"), {"no": "status"}],
+    ids=["5xx", "4xx", "dropped", "SandboxError", "malformed"],
+)
+def test_a_failure_after_the_request_was_sent_is_never_excluded(fusion, fault):
+    with client(fusion, request_retries=1) as sb:
+        fusion.faults.extend([fault, fault])
+        result = sb.run("print(1)")
+    assert result.error_kind == ErrorKind.SANDBOX and not result.ok
+    assert result.delivered, result.stderr  # the code's doing, as far as anyone can tell
+
+
+def test_a_refused_connection_is_evidence_the_code_never_ran():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with FusionSandbox(url, request_retries=1, request_backoff=0.01, check=False) as sb:
+        result = sb.run("print(1)")
+    assert result.error_kind == ErrorKind.SANDBOX and "refused" in result.stderr
+    assert not result.delivered  # nothing was sent: the rollout may exclude
+
+
+def test_a_delivery_on_an_earlier_attempt_is_not_forgotten(fusion, monkeypatch):
+    """A 503 after sending, then the service unreachable: the first attempt may have run."""
+    with client(fusion, request_retries=3) as sb:
+        fusion.faults.append(503)
+        exchange, attempts = sb._exchange, []
+
+        def first_sent_then_unreachable(body: bytes, read_timeout: float) -> Any:
+            attempts.append(1)
+            if len(attempts) == 1:
+                return exchange(body, read_timeout)
+            raise fusion_module._Retry("cannot connect to SandboxFusion", False)
+
+        monkeypatch.setattr(sb, "_exchange", first_sent_then_unreachable)
+        result = sb.run("print(1)")
+    assert len(attempts) == 4 and "cannot connect" in result.stderr
+    assert result.error_kind == ErrorKind.SANDBOX and result.delivered
 
 
 def test_connections_are_pooled_and_a_stale_one_is_replaced(fusion):

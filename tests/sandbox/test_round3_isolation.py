@@ -85,6 +85,7 @@ PROBE = textwrap.dedent(
         except OSError as exc:
             return "<%s>" % type(exc).__name__
     sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    sites += [p for p in sys.path if p.startswith("/opt/site")]  # their neutral paths
     meta = {}
     for site in filter(os.path.isdir, sites):
         for path in glob.glob(site + "/*.pth") + glob.glob(site + "/*.dist-info/direct_url.json"):
@@ -138,8 +139,7 @@ def _check_host_facts(facts: dict, workdir: str) -> None:
     assert facts["meta"] and all(text == "" for text in facts["meta"].values()), facts["meta"]
     assert "retool-sandbox-" not in facts["cgroup"]
     assert not any(workdir in path for path in facts["fds"]), facts["fds"]
-    # Not yet hidden: the runtime copy's directory and the interpreter's site-packages
-    # keep their host paths (sys.path, mountinfo).
+    # The paths of the interpreter, site-packages and runtime: test_neutral_paths.py.
 
 
 def _pair(sandbox: LocalSandbox, tag: str) -> tuple[str, str]:
@@ -264,4 +264,6 @@ def test_sandbox_check_lists_every_layer():
         pytest.skip("full isolation is not available here")
     listed = "\n".join(layers)
     for words in ("network namespace per call", "cgroup namespace", "minimal /etc", "seccomp"):
+        assert words in listed, out.stdout
+    for words in ("time namespace per call", "neutral paths: ", "sysinfo"):
         assert words in listed, out.stdout

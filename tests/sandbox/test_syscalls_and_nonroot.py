@@ -14,6 +14,7 @@ import pytest
 from retool.sandbox.seccomp import build_program
 
 from .helpers import ROOT, SRC
+from .trainers import BOTH_TRAINERS
 
 X86 = platform.machine() == "x86_64"
 
@@ -62,6 +63,7 @@ def test_each_denied_syscall_fails(sandbox, what):
     assert value == "-1" and errno != "0", f"{what} was allowed: {result.stdout}"
 
 
+@BOTH_TRAINERS
 def test_a_new_user_namespace_cannot_be_entered_by_any_route(sandbox):
     code = (
         "import subprocess\nfor cmd in (['unshare', '-Ur', 'true'], ['unshare', '-m', 'true']):\n"
@@ -72,6 +74,7 @@ def test_a_new_user_namespace_cannot_be_entered_by_any_route(sandbox):
     assert result.ok and "0" not in result.stdout.split()
 
 
+@BOTH_TRAINERS
 def test_ordinary_code_still_runs_under_the_filter(sandbox):
     code = textwrap.dedent(
         """

@@ -6,6 +6,8 @@ import pytest
 
 from retool.sandbox import ErrorKind
 
+from .trainers import BOTH_TRAINERS
+
 # Write a forged status line to every descriptor the call might have inherited.
 FORGE_ALL_FDS = (
     "import os\nfor fd in range(3, 4096):\n    for line in (b'garbage\\n', b'0\\n', b'1 0\\n'):\n"
@@ -13,17 +15,20 @@ FORGE_ALL_FDS = (
 )
 
 
+@BOTH_TRAINERS
 def test_the_call_holds_no_descriptor_but_stdio(sandbox):
     result = sandbox.run("import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))")
     fds = eval(result.stdout)
     assert [fd for fd in fds if fd > 2] in ([], [3])  # 3: the listdir handle itself
 
 
+@BOTH_TRAINERS
 def test_forged_status_lines_do_not_turn_a_failure_into_success(sandbox):
     result = sandbox.run(FORGE_ALL_FDS + "raise SystemExit(3)")
     assert not result.ok and result.returncode == 3 and result.error_kind == ErrorKind.ERROR
 
 
+@BOTH_TRAINERS
 def test_forged_status_lines_do_not_disturb_a_concurrent_call(sandbox):
     generation = sandbox._generation
     results = {}
@@ -58,18 +63,21 @@ def test_stderr_text_does_not_choose_the_error_kind(sandbox, text):
     assert fine.ok and fine.error_kind is None
 
 
+@BOTH_TRAINERS
 def test_exit_status_70_is_not_a_sandbox_failure(sandbox):
     # 70 is what a call whose set-up failed exits with; here the code chose it.
     result = sandbox.run("import sys\nsys.exit(70)")
     assert result.error_kind == ErrorKind.ERROR and result.returncode == 70
 
 
+@BOTH_TRAINERS
 def test_exit_statuses_and_signals_are_reported_as_the_kernel_saw_them(sandbox):
     assert sandbox.run("import os\nos._exit(5)").returncode == 5
     crash = sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGABRT)")
     assert crash.returncode == -6 and crash.error_kind == ErrorKind.CRASH
 
 
+@BOTH_TRAINERS
 def test_closing_stdio_and_killing_the_parent_do_not_fake_anything(sandbox):
     code = (
         "import os, signal\nos.close(1)\nos.close(2)\n"

@@ -189,8 +189,8 @@ def _check(config: Any) -> None:
     split = config.data.train.partition(":")[2] or "test"  # "demo" alone is the test split
     if split in ("test", *HELD_OUT_SPLITS):
         raise ConfigError(
-            f"data.train = {config.data.train!r}: that split is held out for the demo's "
-            'evaluations; train on "demo:train"'
+            f"data.train = {config.data.train!r} is a held-out split of the demo (its "
+            'evaluations use it): train on "demo:train"'
         )
     for key, spec in _held_out(config):
         name, _, eval_split = spec.partition(":")

@@ -91,8 +91,21 @@ def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
 
 # Layers that can be switched off one at a time (``--disable`` of the server): the
 # older two, and round three's per-call network and cgroup namespaces, minimal /etc
-# and /proc masks; the cpu cgroup alone ("cpu") and the address-space pin ("pin").
-LAYERS = ("seccomp", "cgroups", "netns", "cgroupns", "etc", "procmask", "cpu", "pin")
+# and /proc masks; the cpu cgroup alone ("cpu") and the address-space pin ("pin"); the
+# neutral paths of the interpreter, runtime and site-packages ("neutral") and the time
+# namespace per call ("timens").
+LAYERS = (
+    "seccomp",
+    "cgroups",
+    "netns",
+    "cgroupns",
+    "etc",
+    "procmask",
+    "cpu",
+    "pin",
+    "neutral",
+    "timens",
+)
 
 
 def _without(*layers: str) -> type[LocalSandbox]:

@@ -37,6 +37,14 @@ CALL_CPUS = 1  # CPUs one call may use at most (its processes and threads togeth
 _CFS_PERIOD_US = 100_000
 
 
+# What a call lacks without each v1 controller (what ``missing`` says on a v2-only host).
+_V2_ONLY = {
+    "memory": "a call's memory is bounded by RLIMIT_AS only, tmpfs and kernel memory not at all",
+    "pids": "a call's processes are bounded by RLIMIT_NPROC only (a uid of its own)",
+    "cpu": "a call's CPU is bounded by its nice value, one session and RLIMIT_CPU",
+}
+
+
 def _mounts() -> dict[str, str]:
     found: dict[str, str] = {}
     with open("/proc/self/mountinfo") as handle:
@@ -206,7 +214,14 @@ def instance_group(name: str, skip: tuple[str, ...] = ()) -> tuple[Group | None,
             missing.append(f"cgroup {key} (disabled)")
             continue
         if key not in mounts or key not in own:
-            missing.append(f"cgroup {key} hierarchy (not mounted)")
+            if key != "v2" and "v2" in mounts:  # a cgroup-v2-only host
+                missing.append(
+                    f"cgroup {key} (no v1 {key} hierarchy; its v2 controller is not used: "
+                    + _V2_ONLY[key]
+                    + ")"
+                )
+            else:
+                missing.append(f"cgroup {key} hierarchy (not mounted)")
             continue
         directory = os.path.join(mounts[key] + own[key], name)
         try:

@@ -52,9 +52,18 @@ choose, so it is an error naming its status (a crash for fault signals).
 a refused or dropped connection, an HTTP 5xx, or a ``SandboxError`` reply.
 A reply that says the code ran (``Success``/``Failed``) is final, a 4xx is
 final, and a call with no reply within ``timeout + request_slack`` is not
-repeated (it already waited its whole budget). A call that still fails
-returns ``ErrorKind.SANDBOX``, which the rollout retries and then excludes,
-as for the local sandbox. A pooled connection the server closed while idle is
+repeated (it already waited its whole budget).
+
+**Only this client's own evidence excludes.** A call that still fails returns
+``ErrorKind.SANDBOX``; the rollout retries it and may exclude the trajectory
+only if ``delivered`` is False, which this client says only when the request
+never left it whole (no connection, TLS refused, sending failed). Everything
+after the last byte was sent may be the code's doing (a 5xx or 4xx, a
+``SandboxError``, a dropped connection, a broken reply: code can crash a
+runner, and a filter in front of the service judges the code's text), so it
+is ``delivered`` and counts as the trajectory's failure. No reply within
+``timeout + request_slack`` (our timer) is the call's ``TIMEOUT``: the code
+was sent and may still be running. A pooled connection the server closed while idle is
 replaced at once, without counting as a retry. Calls are stateless on the
 service, so running a snippet again has no effect the model could see.
 """
@@ -63,7 +72,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import http.client
 import json
 import logging
@@ -176,12 +184,25 @@ def parse_endpoint(url: str, field: str = "sandbox.url") -> Endpoint:
     return Endpoint(url, https, parts.hostname, port or (443 if https else 80), path)
 
 
-class _Retry(Exception):
+class _Failure(Exception):
+    """A transport or service failure; ``sent``: the whole request had left this
+    client, so the service may have run the code (nothing else proves it did not)."""
+
+    def __init__(self, why: str, sent: bool) -> None:
+        super().__init__(why)
+        self.sent = sent
+
+
+class _Retry(_Failure):
     """A transport failure: the call may be sent again."""
 
 
-class _Final(Exception):
+class _Final(_Failure):
     """An infrastructure failure that another attempt would not fix."""
+
+
+class _NoReply(_Final):
+    """Sent, and no reply within the call's timeout plus ``request_slack``."""
 
 
 class _TooLarge(Exception):
@@ -339,8 +360,10 @@ class FusionSandbox:
         started = time.monotonic()
         try:
             reply = self._call(body, limit + self.request_slack)
+        except _NoReply as exc:  # our own timer: the code may still be running there
+            return self._timed_out(str(exc), time.monotonic() - started)
         except _Final as exc:
-            return self._failure(str(exc), time.monotonic() - started)
+            return self._failure(str(exc), time.monotonic() - started, delivered=exc.sent)
         except _TooLarge:
             return ExecResult(
                 ok=False,
@@ -358,7 +381,7 @@ class FusionSandbox:
     def _call(self, body: bytes, read_timeout: float) -> dict[str, Any]:
         """The service's reply to ``body``, after at most ``request_retries`` retries."""
         attempts = 1 + self.request_retries
-        why = ""
+        why, sent = "", False  # sent: some attempt's request reached the service whole
         for attempt in range(attempts):
             if attempt:
                 delay = min(_MAX_BACKOFF_S, self.request_backoff * 2 ** (attempt - 1))
@@ -370,24 +393,31 @@ class FusionSandbox:
                 try:
                     status, data = self._exchange(body, read_timeout)
                 except _Retry as exc:
-                    why = str(exc)
+                    why, sent = str(exc), sent or exc.sent
                     continue
+                except _Final as exc:
+                    raise type(exc)(str(exc), sent or exc.sent) from None
+            # Any answer comes after the whole request was sent: the service had the
+            # code, and what it answers (a 5xx, a 4xx from a filter in front of it, a
+            # SandboxError, a broken reply) may be the code's doing.
+            sent = True
             if status >= 500:
                 why = f"SandboxFusion answered HTTP {status}: {_excerpt(data)}"
                 continue
             if status != 200:
                 hint = " (is sandbox.url the service's address?)" if status in (404, 405) else ""
-                raise _Final(f"SandboxFusion answered HTTP {status}{hint}: {_excerpt(data)}")
+                raise _Final(f"SandboxFusion answered HTTP {status}{hint}: {_excerpt(data)}", sent)
             try:
                 reply = data
                 outcome = reply["status"]
             except (TypeError, KeyError):
-                raise _Final(f"SandboxFusion sent a malformed reply: {_excerpt(data)}") from None
+                why = f"SandboxFusion sent a malformed reply: {_excerpt(data)}"
+                raise _Final(why, sent) from None
             if outcome == "SandboxError":
                 why = f"SandboxFusion reported SandboxError: {_excerpt(reply.get('message'))}"
                 continue
             return reply
-        raise _Final(f"{why} (after {attempts} attempt{'s' * (attempts > 1)})")
+        raise _Final(f"{why} (after {attempts} attempt{'s' * (attempts > 1)})", sent)
 
     def _exchange(self, body: bytes, read_timeout: float) -> tuple[int, Any]:
         """One POST: (HTTP status, the decoded reply for 200, else the body's start).
@@ -403,31 +433,50 @@ class FusionSandbox:
         at once, not counted as a retry.
         """
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        sent = False  # the whole request left this client, on either connection
         for fresh in (False, True):
             conn, reused = self._checkout(fresh)
             try:
-                self._connect(conn)
-                conn.sock.settimeout(read_timeout)
                 try:
-                    with self._lock:
-                        self.attempts += 1
+                    self._connect(conn)
+                except _Failure as exc:  # a first connection may have delivered already
+                    raise type(exc)(str(exc), sent) from None
+                conn.sock.settimeout(read_timeout)
+                with self._lock:
+                    self.attempts += 1
+                try:
+                    # Sending: until its last byte has left, the service cannot parse
+                    # the request, let alone run it. A failure here is our evidence.
                     conn.request("POST", self.endpoint.path, body, headers)
-                    response = conn.getresponse()
-                    data: Any = self._read_body(response)
-                except TimeoutError:
-                    raise _Final(
-                        f"no reply from SandboxFusion at {self.url} within {read_timeout:g} s"
-                    ) from None
-                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                except (OSError, http.client.HTTPException) as exc:
                     self._check_open()
                     if reused and not fresh:
                         self._discard(conn)
                         continue
-                    raise _Retry(f"SandboxFusion at {self.url} dropped the connection") from None
+                    raise _Retry(
+                        f"sending to SandboxFusion at {self.url} failed: {_reason(exc)}", sent
+                    ) from None
+                sent = True
+                try:
+                    response = conn.getresponse()
+                    data: Any = self._read_body(response)
+                except TimeoutError:
+                    raise _NoReply(
+                        f"no reply from SandboxFusion at {self.url} within {read_timeout:g} s",
+                        sent,
+                    ) from None
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                    self._check_open()
+                    if reused and not fresh:  # most likely closed while idle; maybe not
+                        self._discard(conn)
+                        continue
+                    raise _Retry(
+                        f"SandboxFusion at {self.url} dropped the connection", sent
+                    ) from None
                 except (OSError, http.client.HTTPException) as exc:
                     self._check_open()
                     raise _Retry(
-                        f"the exchange with SandboxFusion failed: {_reason(exc)}"
+                        f"the exchange with SandboxFusion failed: {_reason(exc)}", sent
                     ) from None
             except BaseException:
                 self._discard(conn)
@@ -452,7 +501,7 @@ class FusionSandbox:
         except OverflowError:
             raise _TooLarge() from None
         except ValueError as exc:  # not JSON (UnicodeDecodeError included)
-            raise _Final(f"SandboxFusion sent a malformed reply: {exc}") from None
+            raise _Final(f"SandboxFusion sent a malformed reply: {exc}", True) from None
 
     # -- the connection pool ----------------------------------------------------
     def _connect(self, conn: http.client.HTTPConnection) -> None:
@@ -462,10 +511,12 @@ class FusionSandbox:
         try:
             conn.connect()
         except ssl.SSLError as exc:  # a certificate or protocol mismatch does not go away
-            raise _Final(f"TLS with SandboxFusion at {self.url} failed: {_reason(exc)}") from None
+            why = f"TLS with SandboxFusion at {self.url} failed: {_reason(exc)}"
+            raise _Final(why, False) from None
         except (OSError, http.client.HTTPException) as exc:
             self._check_open()
-            raise _Retry(f"cannot connect to SandboxFusion at {self.url}: {_reason(exc)}") from None
+            why = f"cannot connect to SandboxFusion at {self.url}: {_reason(exc)}"
+            raise _Retry(why, False) from None
         with self._lock:
             self.connections_opened += 1
 
@@ -507,7 +558,10 @@ class FusionSandbox:
             raise SandboxError("the sandbox is closed")
 
     # -- results ----------------------------------------------------------------
-    def _failure(self, why: str, latency: float) -> ExecResult:
+    def _failure(self, why: str, latency: float, delivered: bool) -> ExecResult:
+        """An infrastructure failure. ``delivered=False`` (which lets the rollout
+        exclude the trajectory) only on this client's own evidence that the code
+        never reached the service: no connection, or a request not sent whole."""
         return ExecResult(
             False,
             "",
@@ -518,7 +572,25 @@ class FusionSandbox:
             False,
             ErrorKind.SANDBOX,
             isolation=ISOLATION,
-            delivered=False,  # a transport failure; replies that may follow a run say so
+            delivered=delivered,
+        )
+
+    def _timed_out(self, why: str, latency: float) -> ExecResult:
+        """No reply within the timeout plus slack, by this client's own timer: the
+        code was sent and may be running still, so it is the call's timeout (the
+        trajectory's failure, as a local call past its limit), never an exclusion."""
+        log.warning("%s: counted as the call's timeout", why)
+        return ExecResult(
+            False,
+            "",
+            "",
+            None,
+            True,
+            latency,
+            False,
+            ErrorKind.TIMEOUT,
+            isolation=ISOLATION,
+            delivered=True,
         )
 
     def _tail(self, text: Any) -> tuple[str, bool, int]:
@@ -540,12 +612,12 @@ class FusionSandbox:
         """The result, classified like the local sandbox's from what the service reports."""
         run = reply.get("run_result")
         if reply["status"] not in ("Success", "Failed") or not isinstance(run, dict):
-            failure = self._failure(
+            return self._failure(
                 f"SandboxFusion reply without a run result (status {reply['status']!r}): "
                 f"{_excerpt(reply.get('message'))}",
                 latency,
+                delivered=True,  # the code may have run
             )
-            return dataclasses.replace(failure, delivered=True)  # the code may have run
         stdout, out_cut, out_size = self._tail(run.get("stdout"))
         stderr, err_cut, err_size = self._tail(run.get("stderr"))
         code = run.get("return_code")
@@ -553,10 +625,11 @@ class FusionSandbox:
         if run.get("status") == "TimeLimitExceeded":
             kind, code = ErrorKind.TIMEOUT, -9
         elif run.get("status") != "Finished" or not isinstance(code, int):
-            failure = self._failure(
-                f"SandboxFusion run status {run.get('status')!r}, return code {code!r}", latency
+            return self._failure(
+                f"SandboxFusion run status {run.get('status')!r}, return code {code!r}",
+                latency,
+                delivered=True,  # the code may have run
             )
-            return dataclasses.replace(failure, delivered=True)  # the code may have run
         elif max(out_size, err_size) >= MAX_FILE_BYTES:
             kind = ErrorKind.OUTPUT  # past the local file cap; there the write would have failed
         elif code == 0:

@@ -6,8 +6,11 @@ so libc falls back to ``clone``, whose flags we can inspect), the ``mount``
 family and ``pivot_root``/``chroot``, keyrings (``keyctl``, ``add_key``,
 ``request_key``), ``bpf``, ``perf_event_open``, ``io_uring_*``,
 ``userfaultfd``, ``ptrace`` and ``process_vm_*``, ``kexec*``, module loading,
-``pidfd_getfd``, ``open_by_handle_at``, and a few host-wide knobs (clock,
-swap, reboot, hostname). ``socket`` is allowed for ``AF_INET``/``AF_INET6``
+``pidfd_getfd``, ``open_by_handle_at``, a few host-wide knobs (clock,
+swap, reboot, hostname), and ``sysinfo``, whose process count, load averages and
+free memory are the host's (what ``/proc/stat`` and ``/proc/loadavg``, masked,
+would say; glibc's ``sysconf(_SC_PHYS_PAGES)`` then reads no figure, which
+``qsort`` tolerates). ``socket`` is allowed for ``AF_INET``/``AF_INET6``
 only (``socketpair`` stays allowed): no Unix socket, abstract or on disk, so a
 call can reach neither the fork server nor another call, and no netlink or
 packet socket. Syscalls of a foreign ABI (x32, i386 on x86_64) are refused.
@@ -94,6 +97,7 @@ _DENIED_NAMES = (
     "fanotify_init",
     "lookup_dcookie",
     "vhangup",
+    "sysinfo",
 )
 
 # fmt: off
@@ -115,7 +119,7 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "sethostname": 170, "setdomainname": 171, "settimeofday": 164,
             "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305, "acct": 163,
             "quotactl": 179, "syslog": 103, "fanotify_init": 300, "lookup_dcookie": 212,
-            "vhangup": 153, "setsid": 112,
+            "vhangup": 153, "setsid": 112, "sysinfo": 99,
         },
     ),
     "aarch64": (
@@ -135,7 +139,7 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "sethostname": 161, "setdomainname": 162, "settimeofday": 170,
             "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266, "acct": 89,
             "quotactl": 60, "syslog": 116, "fanotify_init": 262, "lookup_dcookie": 18,
-            "vhangup": 58, "setsid": 157,
+            "vhangup": 58, "setsid": 157, "sysinfo": 179,
         },
     ),
 }

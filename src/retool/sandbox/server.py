@@ -127,6 +127,13 @@ def readonly_paths() -> list[str]:
     return seen
 
 
+def _is_site(entry: str) -> bool:
+    """A site-packages directory: by its name, or at its neutral path (/opt/site...)."""
+    entry = entry.rstrip("/")
+    neutral = entry.startswith(NEUTRAL_SITE) and entry[len(NEUTRAL_SITE) :].isdigit()
+    return entry.endswith(("site-packages", "dist-packages")) or entry == NEUTRAL_SITE or neutral
+
+
 def masked_paths() -> list[str]:
     """Paths hidden from calls (an empty read-only tmpfs over a directory, an empty
     file over a file): our own package, if it is installed (not editable) in
@@ -141,7 +148,7 @@ def masked_paths() -> list[str]:
         candidate = os.path.join(entry, "retool")
         if os.path.isdir(candidate):
             found.append(os.path.realpath(candidate))
-        if not entry.rstrip("/").endswith(("site-packages", "dist-packages")):
+        if not _is_site(entry):
             continue
         for name in sorted(os.listdir(entry)):
             path = os.path.join(entry, name)
@@ -241,7 +248,7 @@ def build_root(
             os.symlink(os.readlink(src), dst)  # /bin -> usr/bin on merged-/usr systems
             continue
         os.makedirs(dst, exist_ok=True)
-        linux.mount(src, dst, None, linux.MS_BIND | linux.MS_REC)
+        linux.mount(call_view(src), dst, None, linux.MS_BIND | linux.MS_REC)
         linux.mount(None, dst, None, ro)
     empty = new_root + "/.empty"  # what a masked file shows; gone with the root's umount
     open(empty, "w").close()
@@ -473,6 +480,23 @@ def _unshare_call_namespaces(off: frozenset[str]) -> None:
         flags |= linux.CLONE_NEWNET
     linux.unshare(flags)
     linux.sethostname(HOSTNAME)
+    if "timens" not in off:
+        _fresh_clocks()
+
+
+def _fresh_clocks() -> None:
+    """A time namespace for B's children (the call): CLOCK_MONOTONIC and
+    CLOCK_BOOTTIME, and so ``sysinfo``'s uptime, start again near 0, so the call
+    learns neither how long the host has been up nor, from two calls' clocks,
+    anything that a fresh start per call would not show. Offsets must be written
+    before a process enters the namespace: C is forked after this."""
+    linux.unshare(linux.CLONE_NEWTIME)
+    lines = [
+        f"{name} {-int(time.clock_gettime(clock))} 0"
+        for name, clock in (("monotonic", time.CLOCK_MONOTONIC), ("boottime", time.CLOCK_BOOTTIME))
+    ]
+    with open("/proc/self/timens_offsets", "w") as handle:
+        handle.write("\n".join(lines) + "\n")
 
 
 def _out_of_reach() -> None:
@@ -931,6 +955,8 @@ CALL_LAYERS = {
     "netns": "a network namespace per call (no socket names, pairs or ports shared)",
     "cgroupns": "a cgroup namespace per call (/proc/self/cgroup shows /)",
     "etc": "a minimal /etc (loader cache, time zone, a passwd naming no host user)",
+    "timens": "a time namespace per call (monotonic and boot-time clocks, and sysinfo's "
+    "uptime, start near 0: no host uptime)",
     "procmask": "host facts in /proc masked (" + ", ".join(p[6:] for p in PROC_MASKS) + ")",
 }
 
@@ -943,6 +969,7 @@ def call_layers(
     use_seccomp: bool = True,
     cgroup: bool = True,
     landlock_abi: int = 0,
+    neutral: bool = False,
 ) -> list[str]:
     """What isolates each call at ``level``, one line per layer (``retool sandbox check``)."""
     common = [
@@ -952,7 +979,7 @@ def call_layers(
     ]
     if use_seccomp:
         common.append(
-            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets)"
+            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets, sysinfo)"
         )
     if cgroup:
         common.append("a cgroup per call (memory, processes, killed whole after the call)")
@@ -968,10 +995,16 @@ def call_layers(
         "the server's arguments hidden from /proc/<pid>/cmdline; output files opened "
         f"through {NEUTRAL_CALLS_DIR} (so /proc/self/fd names no host directory)",
     ]
-    return layers + [text for name, text in CALL_LAYERS.items() if name not in off]
+    layers += [text for name, text in CALL_LAYERS.items() if name not in off]
+    return layers + ([NEUTRAL_LAYER] if neutral else [])
 
 
 NEUTRAL_CALLS_DIR = "/mnt"  # where the output files are opened (see neutral_calls_dir)
+NEUTRAL_LAYER = (
+    "neutral paths: the interpreter at /opt/python, the runtime at /opt/runtime, "
+    "site-packages at /opt/site (sys.path, __file__, /proc/self/exe, maps and "
+    "mountinfo name no directory of the trainer's machine)"
+)
 
 
 def neutral_calls_dir(workdir: str) -> str | None:
@@ -993,6 +1026,113 @@ def neutral_calls_dir(workdir: str) -> str | None:
     except OSError:
         return None
     return NEUTRAL_CALLS_DIR
+
+
+# Where the server finds the interpreter, its runtime copy and site-packages once it
+# has re-executed itself in its own mount namespace (see neutral_layout): what a call
+# sees in sys.path, __file__, /proc/self/exe, /proc/self/maps and its mountinfo.
+NEUTRAL_ROOT = "/opt"
+NEUTRAL_PYTHON = NEUTRAL_ROOT + "/python"
+NEUTRAL_RUNTIME = NEUTRAL_ROOT + "/runtime"
+NEUTRAL_SITE = NEUTRAL_ROOT + "/site"  # then /opt/site1, /opt/site2, ...
+NEUTRAL_WORK = NEUTRAL_ROOT + "/work"  # the server's --dir (never bound into a call)
+_CALL_VIEW = NEUTRAL_ROOT + "/.call"  # the overlays calls bind (see _neutral_mount)
+_SERVER_BOOT = (
+    "import sys; sys.path += sys.argv.pop(1).split(':'); "
+    "from retool_sandbox_rt.server import main; main()"
+)
+
+
+def _neutral_mount(source_fd: int, target: str) -> None:
+    """Show the directory ``source_fd`` at ``target`` (the server's view) and, as a
+    read-only overlay of that, at ``target`` below ``/opt/.call`` (the calls' view).
+
+    The server imports through a plain bind (the host's dentry cache, as fast
+    as before). A call's root gets the overlay: a bind's mountinfo line names
+    its source directory (the "root" field, the path inside the filesystem:
+    the checkout, a home directory); an overlay's root is its own ("/") and
+    its options name only ``target``. Both show the same files, so every path
+    the server holds (``__file__``, code objects, ``sys.path``) is right in the
+    call, and maps show the neutral path whichever view mapped the file.
+    """
+    flags = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
+    os.makedirs(target, exist_ok=True)
+    linux.mount(f"/proc/self/fd/{source_fd}", target, None, linux.MS_BIND)
+    linux.mount(None, target, None, linux.MS_BIND | linux.MS_REMOUNT | flags)
+    view = _CALL_VIEW + target[len(NEUTRAL_ROOT) :]
+    os.makedirs(view)
+    # Two lower layers (the second empty): a read-only overlay needs no upper one.
+    linux.mount("overlay", view, "overlay", flags, f"lowerdir={target}:{_CALL_VIEW}/.empty")
+
+
+def call_view(path: str) -> str:
+    """Where a call's root binds ``path`` from: its overlay when it has one."""
+    if path == NEUTRAL_ROOT or not path.startswith(NEUTRAL_ROOT + "/"):
+        return path
+    view = _CALL_VIEW + path[len(NEUTRAL_ROOT) :]
+    return view if os.path.isdir(view) else path
+
+
+def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
+    """In the server's own mount namespace, mount the interpreter at ``/opt/python``,
+    the runtime copy at ``/opt/runtime`` and each site-packages directory at
+    ``/opt/site``, ``/opt/site1``...; returns (the interpreter there, the import
+    path there, what it needs in ``LD_LIBRARY_PATH``, the work directory there:
+    ``/opt/work``, so that no path the server holds, and so no string in a
+    call's memory, names it). Raises ``OSError``.
+
+    The server then re-executes itself from there (same pid, same descriptors),
+    so every path it imports, maps or runs from, and so every path its calls
+    inherit (``sys.path``, modules' ``__file__``, code objects' file names,
+    ``sys.prefix``, ``sys.executable``, ``/proc/self/exe`` and ``maps``) names
+    no directory of the trainer's machine. ``/opt`` of the host is covered by a
+    tmpfs in the server's namespace only (sources below it are opened first).
+    """
+    base = os.path.realpath(sys.base_prefix)
+    executable = os.path.realpath(sys.executable)
+    relative = os.path.relpath(executable, base)
+    if relative.startswith(".."):
+        raise OSError(0, f"the interpreter {executable} is not below {base}")
+    real_workdir = os.path.realpath(workdir)
+    if real_workdir == NEUTRAL_ROOT or real_workdir.startswith(NEUTRAL_ROOT + "/"):
+        raise OSError(0, f"the work directory is below {NEUTRAL_ROOT}")
+    if not os.path.isdir(NEUTRAL_ROOT):
+        raise OSError(0, f"no {NEUTRAL_ROOT} to mount on")
+    runtime, *sites = boot_path.split(":")
+    sources = [base, runtime, *(s for s in sites if os.path.isdir(s))]
+    fds = [os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for s in [workdir, *sources]]
+    try:
+        linux.mount(
+            "tmpfs",
+            NEUTRAL_ROOT,
+            "tmpfs",
+            linux.MS_NOSUID | linux.MS_NODEV,
+            "size=64k,nr_inodes=256,mode=0755",
+        )
+        os.makedirs(f"{_CALL_VIEW}/.empty")
+        targets = [NEUTRAL_PYTHON, NEUTRAL_RUNTIME]
+        targets += [NEUTRAL_SITE + (str(i) if i else "") for i in range(len(sources) - 2)]
+        os.makedirs(NEUTRAL_WORK)
+        linux.mount(f"/proc/self/fd/{fds[0]}", NEUTRAL_WORK, None, linux.MS_BIND)
+        for fd, target in zip(fds[1:], targets, strict=True):
+            _neutral_mount(fd, target)
+    except OSError:
+        # No overlays here (an old kernel, a container refusing them): the host's /opt,
+        # which may hold the interpreter (/opt/conda), comes back with everything on it.
+        with contextlib.suppress(OSError):
+            linux.umount2(NEUTRAL_ROOT, linux.MNT_DETACH)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    # An interpreter built with an absolute RUNPATH (pyenv's, under a home) would
+    # load libpython from the host path; the loader looks here first.
+    return (
+        os.path.join(NEUTRAL_PYTHON, relative),
+        ":".join(targets[1:]),
+        NEUTRAL_PYTHON + "/lib",
+        NEUTRAL_WORK,
+    )
 
 
 def enter_server_namespaces() -> list[str]:
@@ -1182,21 +1322,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--boot-path", default="")
     parser.add_argument("--disable", default="", help="layers off, for benchmarks only")
     parser.add_argument("--gone-fd", type=int, default=-1, help="held open until all is gone")
+    parser.add_argument("--resume", default="", help="state after the neutral re-exec")
     args = parser.parse_args(argv)
     disabled = set(filter(None, args.disable.split(",")))
-    workdir = args.dir
     # Calls are forked from here: none of them may read our arguments (the work
     # directory, the import path) from /proc/<pid>/cmdline.
     linux.hide_command_line("retool-sandbox")
-    off = frozenset(disabled & set(CALL_LAYERS))
+    sys.orig_argv[:] = sys.argv[:] = ["retool-sandbox"]  # Python's own copies too
+    state = json.loads(args.resume) if args.resume else _host_side(args, disabled)
+    _serve(args, disabled, state)
+
+
+def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
+    """Everything done before the server leaves the host's view: the reaper, the
+    cgroup, the namespaces; then the re-exec at neutral paths (which does not
+    return) where possible. The state the rest of ``main`` needs."""
+    workdir = args.dir
     os.makedirs(os.path.join(workdir, "root"), exist_ok=True)
     os.makedirs(os.path.join(workdir, "calls"), mode=0o711, exist_ok=True)
     os.makedirs(os.path.join(workdir, "sock"), mode=0o700, exist_ok=True)
     real_root = os.geteuid() == 0
     missing: list[str] = []
     uid_base, _uid_lock = claim_uid_block(workdir) if real_root else (0, None)
-    global _PIN
-    _PIN = "pin" not in disabled
     group, group_missing = cgroups.instance_group(
         f"retool-sandbox-{os.getpid()}", skip=("cpu",) if "cpu" in disabled else ()
     )
@@ -1207,14 +1354,6 @@ def main(argv: list[str] | None = None) -> None:
         missing.append("a cgroup per call (" + "; ".join(group_missing) + ")")
     elif group_missing:
         missing.extend(group_missing)
-    use_seccomp = "seccomp" not in disabled
-    try:
-        seccomp.build_program()
-    except OSError as exc:
-        missing.append(f"seccomp ({exc.strerror})")
-        use_seccomp = False
-    if "seccomp" in disabled:
-        missing.append("seccomp (disabled)")
     trainer_pidfd = None
     with contextlib.suppress(OSError):
         trainer_pidfd = os.pidfd_open(os.getppid())
@@ -1232,23 +1371,76 @@ def main(argv: list[str] | None = None) -> None:
     if group is not None:
         with contextlib.suppress(OSError):
             cgroups.Group({k: v for k, v in group.dirs.items() if k == "v2"}).enter()
-    level = BASIC
-    calls_dir: str | None = None  # the host path, unless neutral_calls_dir gives another
+    state: dict[str, Any] = {
+        "real_root": real_root,
+        "uid_base": uid_base,
+        "group": None if group is None else group.dirs,
+        "alive_w": alive_w,
+        "missing": missing,
+        "namespaces": False,
+        "calls_dir": None,
+        "boot_path": args.boot_path,
+        "neutral": False,
+    }
     if args.isolation == "none":
         missing.append("namespaces (disabled: isolation='none')")
-    else:
-        ns_missing = enter_server_namespaces()
-        missing += ns_missing
-        if not ns_missing:
-            calls_dir = neutral_calls_dir(workdir)
-            error = probe_full(
-                workdir, real_root, uid_base, args.boot_path, use_seccomp, off, calls_dir
-            )
-            if error is None:
-                level = FULL
-            else:
-                calls_dir = None
-                missing.append(f"per-call mount/PID namespaces ({error})")
+        return state
+    ns_missing = enter_server_namespaces()
+    missing += ns_missing
+    if ns_missing:
+        return state
+    state["namespaces"] = True
+    state["calls_dir"] = neutral_calls_dir(args.dir)
+    if state["calls_dir"] is None or "neutral" in disabled:
+        why = "disabled" if "neutral" in disabled else "no mount namespace for the server"
+        missing.append(f"{NEUTRAL_LAYER} ({why})")
+        return state
+    try:
+        executable, boot_path, libs, work = neutral_layout(args.dir, args.boot_path)
+    except OSError as exc:
+        missing.append(f"{NEUTRAL_LAYER} ({exc.strerror or exc})")
+        return state
+    state.update(neutral=True, boot_path=boot_path)
+    os.set_inheritable(alive_w, True)  # the reaper's sign that the server is alive
+    argv = [executable, "-I", "-S", "-c", _SERVER_BOOT, boot_path]
+    argv += ["--dir", work, "--preload", args.preload, "--isolation", args.isolation]
+    argv += ["--memory-mb", str(args.memory_mb), "--boot-path", boot_path]
+    argv += ["--disable", args.disable, "--resume", json.dumps(state)]
+    os.execve(executable, argv, {**os.environ, "LD_LIBRARY_PATH": libs})
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _serve(args: argparse.Namespace, disabled: set[str], state: dict[str, Any]) -> None:
+    """Probe the level, preload, report ready, and serve connections forever."""
+    workdir = args.dir
+    real_root, uid_base = bool(state["real_root"]), int(state["uid_base"])
+    missing: list[str] = list(state["missing"])
+    alive_w = int(state["alive_w"])
+    os.set_inheritable(alive_w, False)
+    off = frozenset(disabled & set(CALL_LAYERS))
+    global _PIN
+    _PIN = "pin" not in disabled
+    group = None if state["group"] is None else cgroups.Group(state["group"])
+    use_seccomp = "seccomp" not in disabled
+    try:
+        seccomp.build_program()
+    except OSError as exc:
+        missing.append(f"seccomp ({exc.strerror})")
+        use_seccomp = False
+    if "seccomp" in disabled:
+        missing.append("seccomp (disabled)")
+    level = BASIC
+    calls_dir: str | None = state["calls_dir"]  # None: the host path
+    if state["namespaces"]:
+        error = probe_full(
+            workdir, real_root, uid_base, state["boot_path"], use_seccomp, off, calls_dir
+        )
+        if error is None:
+            level = FULL
+        else:
+            calls_dir = None
+            missing.append(f"per-call mount/PID namespaces ({error})")
+    args.boot_path = state["boot_path"]
     if not real_root and level == BASIC:
         missing.append("a dedicated uid (the server is not root, so calls share its uid)")
     if real_root and level == BASIC and not _world_reachable(sys.base_prefix):
@@ -1292,6 +1484,7 @@ def main(argv: list[str] | None = None) -> None:
         use_seccomp=use_seccomp,
         cgroup=group is not None and group.killable,
         landlock_abi=landlock_abi,
+        neutral=level == FULL and bool(state["neutral"]),
     )
     ready = {
         "level": level,

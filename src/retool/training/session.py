@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retool.backends.cleanup import close_quietly
-from retool.backends.vllm import open_policy_sampler
+from retool.backends.vllm import check_installed, open_policy_sampler
 from retool.config import RunConfig
 from retool.errors import ConfigError
 from retool.interrupts import InterruptGuard
@@ -164,6 +164,8 @@ class Session:
     ) -> None:
         cfg = self.cfg = config.train
         self.config = config
+        if config.sampler.engine == "vllm":
+            check_installed()  # before the run directory exists
         self.run = RunDirectory.open(
             run_dir or cfg.run_dir, config, resume, inputs=inputs, init_from=init_from
         )

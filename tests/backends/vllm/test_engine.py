@@ -20,6 +20,7 @@ from retool.errors import StalePolicyError
 from retool.rollout import rollout_batch
 from retool.types import AdamParams, Datum, ModelInput, SamplerStop, SamplingParams, TensorData
 
+pytestmark = pytest.mark.slow  # the module's one engine takes 60-95 s to start on a loaded host
 PROMPT = list(range(100, 130))
 
 
@@ -148,3 +149,13 @@ def test_merged_sync_follows_the_trainer_and_a_stale_engine_is_refused(
     config = RolloutConfig(group_size=2, max_assistant_tokens=8, max_trajectory_tokens=512)
     with pytest.raises(StalePolicyError, match="policy-step"):
         rollout_batch(stale, stale.get_tokenizer(), None, [example], config, step=3)
+
+
+def test_the_engine_leaves_torch_thread_setting_to_the_process(policy):
+    # vLLM's CPU worker makes torch.set_num_threads a no-op; the trainer's threads need it
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -22,6 +22,7 @@ from retool.backends.vllm.engine import (
     VllmEngine,
     VllmPolicySampler,
     VllmSamplingClient,
+    check_installed,
     policy_version,
 )
 from retool.backends.vllm.server import open_server_sampler
@@ -31,6 +32,7 @@ __all__ = [
     "VllmEngine",
     "VllmPolicySampler",
     "VllmSamplingClient",
+    "check_installed",
     "engine_options",
     "open_policy_sampler",
     "policy_version",

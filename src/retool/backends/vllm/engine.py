@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import itertools
 import logging
 import os
@@ -98,6 +99,12 @@ def prepare_environment(options: EngineOptions) -> None:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(options.kv_cache_gb))
 
 
+def check_installed() -> None:
+    """Refuse, before anything is written, a vLLM sampler without vLLM (no import: seconds)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise DependencyError(INSTALL_HINT)
+
+
 def import_vllm() -> Any:
     try:
         import vllm
@@ -107,8 +114,8 @@ def import_vllm() -> Any:
 
 
 @contextlib.contextmanager
-def _global_rng_kept() -> Iterator[None]:
-    """Restore Python's, NumPy's and torch's global generators after the block.
+def _process_state_kept() -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global generators and torch's thread setter.
 
     An in-process engine calls ``set_random_seed(seed)`` on start; the trainer's
     checkpoints hold those generators, so a resumed run must not see them reset.
@@ -116,12 +123,16 @@ def _global_rng_kept() -> Iterator[None]:
     import torch
 
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    set_num_threads = torch.set_num_threads
     try:
         yield
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
+        # process; the local trainer's worker threads set their thread count with it
+        torch.set_num_threads = set_num_threads
 
 
 class VllmEngine:
@@ -148,7 +159,7 @@ class VllmEngine:
                 enable_lora=True, max_lora_rank=lora_rank_slot(options.lora_rank), max_loras=2
             )
         try:
-            with _global_rng_kept():  # vLLM seeds the process's generators in-process
+            with _process_state_kept():  # an in-process engine changes both
                 self.llm = self.vllm.LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; say which model and why
             why = " ".join(str(exc).split())[:300] or type(exc).__name__

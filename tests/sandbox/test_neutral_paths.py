@@ -1,0 +1,55 @@
+"""No path of the trainer's machine visible to a call (issue 21, class 6, what stayed open).
+
+The attack is ``neutral_scenarios.ATTACK``: it searches sys.path, sys.prefix &
+co., modules' files, code objects, /proc/self and its init's, the environment,
+tracebacks and the call's memory for the trainer's checkout, virtual
+environment, interpreter installation, home directory and host name. It runs
+for a root and a non-root trainer (``trainers.py``), in a fork server and in
+fresh mode; with the neutral-paths layer switched off the same attack finds
+the paths, so the search itself is shown to see what it looks for.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from retool.sandbox.bench import _without
+
+from . import neutral_scenarios
+from .helpers import ROOT
+from .trainers import scenario_results
+
+MODULE = "neutral_scenarios"
+
+
+@pytest.fixture(scope="module")
+def results(trainer):
+    return scenario_results(trainer, MODULE)
+
+
+@pytest.mark.parametrize("mode", ["forked", "fresh"])
+def test_a_call_finds_no_path_of_the_trainer(results, mode):
+    facts = results[mode]
+    assert "scenario_error" not in facts, facts
+    if facts["level"] != "full":
+        pytest.skip(f"no full isolation for this trainer here: {facts['missing']}")
+    assert facts["ok"], facts["stderr"]
+    assert len(facts["needles"]) >= 2, facts["needles"]  # at least the checkout and host
+    assert facts["hits"] == {}, facts["hits"]
+    assert all(p.startswith("/opt/") for p in facts["sys_path"]), facts["sys_path"]
+    assert facts["executable"].startswith("/opt/python/"), facts["executable"]
+    assert any(line.startswith("neutral paths: ") for line in facts["layers"]), facts["layers"]
+
+
+@pytest.mark.skipif(not ROOT, reason="the comparison runs in the root trainer's process")
+def test_without_the_layer_the_same_attack_finds_the_paths():
+    with _without("neutral")(
+        timeout=20, memory_mb=256, max_workers=1, preload=("math",), max_output_bytes=65536
+    ) as sandbox:
+        facts = neutral_scenarios.attack(sandbox)
+    if facts["level"] != "full":
+        pytest.skip("no full isolation here")
+    assert any("neutral paths" in line and "(disabled)" in line for line in facts["missing"])
+    found = set(facts["hits"])
+    for where in ("sys.path", "/proc/self/exe", "/proc/self/maps", "/proc/self/mountinfo"):
+        assert where in found, sorted(found)
