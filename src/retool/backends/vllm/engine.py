@@ -92,6 +92,9 @@ def prepare_environment(options: EngineOptions) -> None:
     os.environ["DO_NOT_TRACK"] = "1"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM finds "its" address with a UDP connect to a public resolver unless told:
+    # nothing may contact an address off this machine (as the server mode does)
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     bind = options.threads_bind
     if bind == "auto":  # every core for the model: 22% faster than vLLM's default on 2 cores
         bind = f"0-{max((os.cpu_count() or 1) - 1, 0)}"
