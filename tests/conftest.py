@@ -17,6 +17,8 @@ def pytest_collection_modifyitems(config, items):
     """Files holding ``slow`` tests first, so that with workers (``make test``, whole
     files per worker, handed out in collection order) the longest files start at
     once instead of running alone at the end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a serial run keeps pytest's order
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept otherwise
 

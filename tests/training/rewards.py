@@ -1,7 +1,5 @@
 """A reward a random model can earn, so tests see non-zero advantages and real updates."""
 
-import zlib
-
 
 def even_length(text: str, reference: str) -> float:
     """+1 when the final text has an even number of characters, -1 otherwise."""
@@ -21,8 +19,10 @@ def even_length_then_fail(text: str, reference: str) -> float:
 
 
 def alike_for_half(text: str, reference: str) -> float:
-    """-1 whatever the text for about half the references (their groups score alike), else
-    ``even_length``: steps with groups for dynamic sampling to filter, and groups that train."""
-    if zlib.crc32(reference.encode()) % 2 == 0:
+    """-1 whatever the text for references of 4 or more characters (about half of
+    demo:train's answers; their groups score alike), else ``even_length``: steps with
+    groups for dynamic sampling to filter, and groups that train. A rule on the
+    reference alone, so which groups are filtered does not depend on the model."""
+    if len(reference) >= 4:
         return -1.0
     return even_length(text, reference)
