@@ -471,6 +471,20 @@ def split_stops(stop: Sequence[str | int], tokenizer: Any) -> list[str] | list[i
     return strings
 
 
+def checked_tokens(
+    token_ids: Sequence[int], logprobs: Sequence[float], who: str
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Sampled tokens and their logprobs as tuples; one logprob per token, all finite
+    (``who`` starts the error: "tinker: the sampler", "vllm: the engine")."""
+    tokens = tuple(int(t) for t in token_ids)
+    values = tuple(float(v) for v in logprobs)
+    if len(values) != len(tokens):
+        raise BackendError(f"{who} returned {len(tokens)} tokens but {len(values)} logprobs")
+    if not all(math.isfinite(v) for v in values):
+        raise BackendError(f"{who} returned a non-finite logprob")
+    return tokens, values
+
+
 def sequence(
     tokens: Sequence[int],
     logprobs: Sequence[float] | None,
@@ -482,14 +496,7 @@ def sequence(
     """One of our sampled sequences from the SDK's fields, checked."""
     if logprobs is None:
         raise BackendError(f"{backend}: the sampler returned no logprobs for a sequence")
-    tokens = tuple(int(t) for t in tokens)
-    values = tuple(float(v) for v in logprobs)
-    if len(values) != len(tokens):
-        raise BackendError(
-            f"{backend}: the sampler returned {len(tokens)} tokens but {len(values)} logprobs"
-        )
-    if not all(math.isfinite(v) for v in values):
-        raise BackendError(f"{backend}: the sampler returned a non-finite logprob")
+    tokens, values = checked_tokens(tokens, logprobs, f"{backend}: the sampler")
     return SampledSequence(
         tokens=tokens,
         logprobs=values,

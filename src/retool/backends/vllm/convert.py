@@ -26,10 +26,10 @@ The contract (:mod:`retool.types`), and how vLLM is made to keep it:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from retool.backends.remote import checked_tokens
 from retool.errors import BackendError
 from retool.types import SampledSequence, SamplerStop, SamplingParams
 
@@ -112,14 +112,7 @@ def sequence(
     policy_version: str | None = None,
 ) -> SampledSequence:
     """One of our sampled sequences from an engine's fields, checked."""
-    tokens = tuple(int(t) for t in token_ids)
-    values = tuple(float(v) for v in logprobs)
-    if len(values) != len(tokens):
-        raise BackendError(
-            f"{BACKEND}: the engine returned {len(tokens)} tokens but {len(values)} logprobs"
-        )
-    if not all(math.isfinite(v) for v in values):
-        raise BackendError(f"{BACKEND}: the engine returned a non-finite logprob")
+    tokens, values = checked_tokens(token_ids, logprobs, f"{BACKEND}: the engine")
     return SampledSequence(
         tokens=tokens,
         logprobs=values,
