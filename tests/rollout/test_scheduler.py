@@ -715,3 +715,26 @@ def test_a_custom_scorer_replaces_the_boxed_answer_reward(smol_tokenizer):
     )
     assert [t.reward for t in result.trajectories] == [0.5, 0.5]
     assert all(t.answer == "1024" for t in result.trajectories)
+
+
+def test_a_scorer_that_raises_fails_the_batch_even_once_every_task_is_done(smol_tokenizer):
+    # Q1 answers at once and its scorer raises; Q2's sampler fails later, so Q2 ends
+    # excluded and unscored. By the time the question tasks are all done, every
+    # scoring task is done too: the failure must still reach the caller, not be
+    # logged as "never retrieved" while the step trains on what is left.
+    sampler = ScriptedSampler(smol_tokenizer, code_then_answer)
+    original = sampler.sample_async
+
+    async def late_failure(prompt, num_samples, params):
+        if "3^5" in smol_tokenizer.decode(prompt.to_ints()):
+            await asyncio.sleep(0.2)
+            raise RuntimeError("the sampler process died")
+        return await original(prompt, num_samples, params)
+
+    sampler.sample_async = late_failure
+
+    def scorer(text, reference):
+        raise RuntimeError("the reward service went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        run(sampler, FakeSandbox(lookup), [Q1, Q2], config(sample_retries=0), scorer=scorer)

@@ -597,14 +597,35 @@ class _Batch:
                 return self.end(trajectory, StopReason.SAMPLER_ERROR)
             sampled = replies[0]
 
+    async def wait_for_every_task(self) -> None:
+        """Await every question and scoring task, including those started meanwhile.
+
+        A group that ends may start a reserve question, and every ended trajectory
+        starts a scoring task, so the task lists grow while we wait. Each pass awaits
+        *all* tasks started so far, done or not: a task that already failed (a reward
+        function that raised) re-raises here instead of being dropped as "never
+        retrieved" and its step trained without it. On the first failure the rest
+        are cancelled, so nothing keeps sampling for a batch that is abandoned.
+        """
+        awaited = 0
+        while awaited < len(self.questions) + len(self.scoring):
+            tasks = [*self.questions, *self.scoring]
+            awaited = len(tasks)
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                started = (*self.questions, *self.scoring, *self.shared_code.values())
+                for task in started:
+                    task.cancel()
+                await asyncio.gather(*started, return_exceptions=True)
+                raise
+
     async def run(self) -> RolloutResult:
         if self.sandbox is not None:
             self.sandbox.stats.snapshot_and_reset()  # the window starts with this batch
         for q, example in enumerate(list(self.examples)):
             self.start_question(q, example)
-        # A group that ends may start a reserve question: wait until nothing is left.
-        while not all(task.done() for task in (*self.questions, *self.scoring)):
-            await asyncio.gather(*self.questions, *self.scoring)
+        await self.wait_for_every_task()
         trajectories = [t for t in self.trajectories if t is not None]
         assert len(trajectories) == self.total, "every slot gets a trajectory"
         assign_group_advantages(trajectories, self.config.advantage)
