@@ -136,8 +136,8 @@ _CHILD = textwrap.dedent(
     )
     while client.engine.steps < 3:
         time.sleep(0.001)
-    print("sampling", flush=True)
-    try:
+    try:  # entered before the parent hears "sampling" and sends SIGINT
+        print("sampling", flush=True)
         future.result()  # never closed: interpreter exit must still stop the engine cleanly
     except KeyboardInterrupt:
         sys.exit(130)  # what the CLI does

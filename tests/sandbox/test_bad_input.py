@@ -383,3 +383,22 @@ def test_close_returns_only_when_everything_is_gone():
         thread.join(10)
     finally:
         kill_all(marker)
+
+
+def test_a_long_tmpdir_still_gets_the_fork_server(tmp_path):
+    # A Unix socket's address holds 107 bytes; a sandbox lives under TMPDIR, and a
+    # deep one (a test runner's per-worker directory was enough) made the server's
+    # start fail and every call fall back to a fresh interpreter, then fail.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    done = subprocess.run(
+        [RETOOL, "sandbox", "exec", "--json", "-"],
+        input=b"print(6 * 7)\n",
+        capture_output=True,
+        env=dict(os.environ, TMPDIR=str(deep)),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"fresh interpreter" not in done.stderr and done.stderr == b"", done.stderr
+    assert '"stdout": "42\\n"' in done.stdout.decode()
+    assert list(deep.iterdir()) == []

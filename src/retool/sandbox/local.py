@@ -46,7 +46,7 @@ from retool.sandbox.limits import (
     screen_code,
 )
 from retool.sandbox.result import ErrorKind, ExecResult, signal_kind
-from retool.sandbox.server import recv_frame, send_frame
+from retool.sandbox.server import recv_frame, send_frame, unix_socket_path
 from retool.sandbox.stats import SandboxStats
 
 log = logging.getLogger(__name__)
@@ -406,7 +406,8 @@ class LocalSandbox:
             conn.close()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(os.path.join(self._dir, "sock", "server.sock"))
+            with unix_socket_path(os.path.join(self._dir, "sock", "server.sock")) as path:
+                conn.connect(path)
         except OSError:
             conn.close()
             raise

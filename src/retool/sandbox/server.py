@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,23 @@ _PIN = True  # the address-space pin (off only to measure what it saves: --disab
 
 
 # -- framing -------------------------------------------------------------------
+@contextlib.contextmanager
+def unix_socket_path(path: str) -> Iterator[str]:
+    """A path to ``path`` short enough for ``bind``/``connect`` whatever its length.
+
+    A Unix socket's address holds at most 107 bytes, and a sandbox's directory
+    lies under ``TMPDIR``, which a user or a test runner may make long (pytest's
+    per-worker directories were enough to fail the server's start). The
+    directory is opened and named through ``/proc/self/fd/N``, which resolves
+    like the real path: the socket is the same inode either way.
+    """
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
+
+
 def send_frame(sock: socket.socket, payload: dict[str, Any]) -> None:
     data = json.dumps(payload).encode()
     sock.sendall(struct.pack(">I", len(data)) + data)
@@ -1471,9 +1489,9 @@ def _serve(args: argparse.Namespace, disabled: set[str], state: dict[str, Any]) 
         importlib.import_module(name)
     importlib.import_module(__package__ + ".autoprint")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock_path = os.path.join(workdir, "sock", "server.sock")
-    listener.bind(sock_path)
-    os.chmod(sock_path, 0o600)
+    with unix_socket_path(os.path.join(workdir, "sock", "server.sock")) as sock_path:
+        listener.bind(sock_path)
+        os.chmod(sock_path, 0o600)
     listener.listen(64)
     if level == FULL:
         missing += [f"{CALL_LAYERS[name]} (disabled)" for name in sorted(off)]
