@@ -5,7 +5,7 @@ import json
 import pytest
 
 from retool.cli import main
-from retool.cli.demo import _held_out, _plan
+from retool.cli.demo import QUICK, _held_out, _plan, quick
 from retool.config import load_config
 
 TINY = [
@@ -110,18 +110,41 @@ def test_settings_the_demo_cannot_honour_are_refused_before_anything_runs(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_quick_settings_win_over_the_config_and_set():
+    config = quick(load_config("configs/demo.toml", TINY))  # TINY sets every QUICK key
+    assert {key: getattr(config.demo, key) for key in QUICK} == QUICK
+    assert config.rollout.max_assistant_tokens == 16  # what --quick leaves alone stays
+    what = [p.what for p in _plan(config, {"demo:test": 8, "demo:paraphrase": 8})]
+    assert f"{QUICK['sft_steps']} SFT steps x {QUICK['sft_batch']} demonstrations" in what
+    assert f"{QUICK['rl_steps']} RL step x 2 questions x 2 samples, ppo loss" in what
+
+
 @pytest.mark.slow
-def test_quick_demo_on_smollm2(tmp_path, capsys):
-    # one held-out split: the tiny-random demo above checks both tables, and each
-    # evaluation on SmolLM2 costs about 40 s here however few its problems
-    one_split = _sets(['demo.paraphrase_dataset=""'])
-    code = main(["demo", "--quick", "--output", str(tmp_path), "--no-progress", *one_split])
+def test_demo_on_smollm2(tmp_path, capsys):
+    # The real model through every phase (the GGUF weights, its chat template, SFT,
+    # RL, evaluations), as small as it goes: one held-out split (the tiny-random demo
+    # above checks both tables) and one step of each; about 3 minutes on 2 cores.
+    small = _sets(
+        [
+            'demo.paraphrase_dataset=""',
+            "demo.eval_limit=3",
+            "demo.eval_n=2",
+            "demo.sft_steps=1",
+            "demo.sft_batch=4",
+            "demo.rl_steps=1",
+            "rollout.max_assistant_tokens=48",
+            "rollout.group_size=2",
+            "train.questions_per_batch=2",
+        ]
+    )
+    code = main(["demo", "--output", str(tmp_path), "--no-progress", *small])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     results = out[out.index("held-out results") :]
     assert "demo:paraphrase" not in results
-    for split in ("demo:test",):
-        table = results[results.index(f"\n{split}: 8 problems x 2 samples") :].splitlines()
-        assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
+    table = results[results.index("\ndemo:test: 3 problems x 2 samples") :].splitlines()
+    assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
     (root,) = tmp_path.iterdir()
     assert (root / "report" / "report.html").is_file()
+    rl = [json.loads(line) for line in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rl] == [1] and rl[0]["rollout/trajectories"] == 4

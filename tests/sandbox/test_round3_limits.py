@@ -20,6 +20,10 @@ import pytest
 
 from .trainers import scenario_results
 
+# The trainer's speed beside a spinning call is a ratio of this machine's own
+# speeds: a second test worker beside it would be measured as the call's doing.
+pytestmark = pytest.mark.alone
+
 MODULE = "round3_scenarios"
 LEVELS = ("auto", "none")
 

@@ -239,7 +239,8 @@ def _plan(config: Any, problems: dict[str, int]) -> list[Phase]:
         phases += [
             Phase(
                 "cold start",
-                f"{demo.sft_steps} SFT steps x {demo.sft_batch} demonstrations",
+                f"{demo.sft_steps} SFT step{'s' * (demo.sft_steps != 1)} x "
+                f"{demo.sft_batch} demonstrations",
                 PHASE_START_S + demo.sft_steps * demo.sft_batch * SFT_CONVERSATION_S,
             ),
             Phase("SFT model", f"evaluate the SFT checkpoint: {evaluation}", eval_s),
@@ -249,7 +250,8 @@ def _plan(config: Any, problems: dict[str, int]) -> list[Phase]:
         phases += [
             Phase(
                 "RL",
-                f"{demo.rl_steps} steps x {train.questions_per_batch} questions x "
+                f"{demo.rl_steps} RL step{'s' * (demo.rl_steps != 1)} x "
+                f"{train.questions_per_batch} questions x "
                 f"{rollout.group_size} samples, {train.loss} loss",
                 PHASE_START_S + demo.rl_steps * per_step * RL_TRAJECTORY_S,
             ),
@@ -257,6 +259,11 @@ def _plan(config: Any, problems: dict[str, int]) -> list[Phase]:
         ]
     phases.append(Phase("results", "table, paired comparison, report", 10))
     return phases
+
+
+def quick(config: Any) -> Any:
+    """``config`` with ``--quick``'s demo settings, which win over the file and ``--set``."""
+    return dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_dir(args.output, flag="--output")
     if args.quick:
-        config = dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
+        config = quick(config)
     _check(config)
     demo = config.demo
 
