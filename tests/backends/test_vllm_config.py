@@ -75,3 +75,24 @@ def test_outputs_convert_and_bad_ones_are_refused():
     assert prompt_logprobs([None, {6: logprob}, {7: -0.25}], [5, 6, 7]) == [None, -0.5, -0.25]
     with pytest.raises(BackendError, match="prompt logprobs"):
         prompt_logprobs([None], [5, 6])
+
+
+def test_a_file_named_vllm_that_shadows_the_package_is_named(tmp_path, monkeypatch):
+    # `python bench/vllm.py` once put that script first on sys.path: `import vllm` found
+    # it and the engine "did not start" with "module 'vllm' has no attribute 'LLM'".
+    import sys
+
+    from retool.backends.vllm.engine import import_vllm
+    from retool.errors import DependencyError
+
+    (tmp_path / "vllm.py").write_text("# a user's script\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    original = sys.modules.pop("vllm", None)
+    try:
+        with pytest.raises(DependencyError, match="shadows it") as caught:
+            import_vllm()
+        assert str(tmp_path / "vllm.py") in str(caught.value)
+    finally:
+        sys.modules.pop("vllm", None)
+        if original is not None:
+            sys.modules["vllm"] = original

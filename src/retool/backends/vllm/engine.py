@@ -113,6 +113,13 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise DependencyError(f"{INSTALL_HINT} ({exc})") from None
+    if not hasattr(vllm, "LLM"):  # e.g. `python bench/vllm.py` put its own file first
+        where = getattr(vllm, "__file__", None) or list(getattr(vllm, "__path__", []))
+        raise DependencyError(
+            f"`import vllm` found {where}, not the vllm package: a file or directory named "
+            "vllm on sys.path (the running script's directory comes first) shadows it; "
+            "rename it"
+        )
     return vllm
 
 

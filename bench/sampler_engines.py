@@ -1,6 +1,6 @@
 """RL step time and sampler tok/s of the demo with each sampler engine, as ratios to ours.
 
-    flock /tmp/retool-bench.lock .venv/bin/python bench/vllm.py [--steps 3]
+    flock /tmp/retool-bench.lock .venv/bin/python bench/sampler_engines.py [--steps 3]
         [--engines local,server,merged,lora] [--config configs/demo.toml]
         [--init-from CHECKPOINT] [--set section.key=value ...]
 
