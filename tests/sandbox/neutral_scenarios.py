@@ -8,9 +8,14 @@ every module's ``__file__``/``__cached__``/``__path__``, every function's code
 file name, ``/proc/self`` (mountinfo, mounts, maps, environ, cmdline, exe, cwd,
 root, fds) and its init's, ``os.getcwd()``, the environment, tracebacks raised
 inside the standard library (and numpy where preloaded), and memory: every
-frame above the code and every string in a container the collector tracks.
-The needles travel hex-encoded and are skipped by identity, so the search does
-not find itself. ``clocks`` reads the host's uptime and process count the way
+frame above the code and every string in a container the collector tracks;
+then the bytes: every readable mapping of the call's memory (what it inherits
+from the server, the interpreter and libraries included) and the contents of
+the files this machine wrote below ``/opt`` (every compiled file of the site
+trees; the interpreter's binaries, scripts, standard library and build
+configuration). The needles travel hex-encoded and are skipped by identity (the
+memory scan runs first, with patterns whose bytes never lie contiguous), so the
+search does not find itself. ``clocks`` reads the host's uptime and process count the way
 ``sysinfo`` and ``clock_gettime`` would give them. Standard library and
 ``retool.sandbox`` only:
 ``trainers.py`` also runs this module as a non-root trainer.
@@ -30,6 +35,72 @@ from retool.sandbox import LocalSandbox
 
 ATTACK = r"""
 import gc, os, sys
+def raw_memory():  # first, before any needle exists as a string in this process
+    import ctypes, re
+    # Each needle as a pattern with an empty group between its characters, built
+    # from its hex form: the needle's bytes never lie contiguous in memory here.
+    def spread(h):
+        return "(?:)".join(re.escape(chr(int(h[i:i + 2], 16))) for i in range(0, len(h), 2))
+    patterns = [re.compile(spread(h).encode()) for h in FILE_PATHS]
+    hits = {}
+    with open("/proc/self/maps") as handle:
+        regions = handle.read().splitlines()
+    for line in regions:
+        fields = line.split()
+        name = fields[5] if len(fields) > 5 else "anonymous"
+        if not fields[1].startswith("r") or name in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+            continue
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        try:
+            data = ctypes.string_at(low, high - low)
+        except Exception:
+            continue
+        for pattern in patterns:
+            found = pattern.search(data)
+            if found:
+                key = "raw memory " + name
+                hits.setdefault(key, repr(data[max(0, found.start() - 60) : found.end() + 60]))
+        del data
+    return hits
+RAW_HITS = raw_memory()
+def contents():  # the files a call can read that this machine wrote: compiled, configured
+    needles = [bytes.fromhex(h) for h in FILE_PATHS]
+    hits, read, count = {}, 0, {}
+    def scan(path):  # the first few hits of each tree, and how many in all
+        nonlocal read
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(64 << 20)
+        except OSError:
+            return
+        read += len(data)
+        for needle in needles:
+            at = data.find(needle)
+            if at >= 0:
+                top = "/".join(path.split("/")[:3])
+                count[top] = count.get(top, 0) + 1
+                if count[top] <= 5:
+                    hits["file " + path] = repr(data[max(0, at - 60) : at + len(needle) + 60])
+                hits["files below " + top] = "%d files" % count[top]
+                return
+    for top in ["/opt/python"] + sorted(p for p in sys.path if p.startswith("/opt/site")):
+        interpreter = top == "/opt/python"
+        for root, dirs, files in os.walk(top):
+            if interpreter:  # its own tree; its site-packages are the site trees' business
+                dirs[:] = [d for d in dirs if not d.endswith("-packages") and d != "share"]
+                if root == top:
+                    dirs[:] = [d for d in dirs if d in ("bin", "lib", "include")]
+            for name in files:
+                path = os.path.join(root, name)
+                if os.path.islink(path):
+                    continue
+                programs = ("python", "libpython", "pip", "pydoc", "idle", "2to3")
+                stdlib = root.startswith(top + "/lib/python")
+                if interpreter and not (stdlib or name.startswith(programs)):
+                    continue
+                if interpreter or name.endswith(".pyc"):
+                    scan(path)
+    return hits, read
 def main():
     paths = [bytes.fromhex(h).decode() for h in PATHS]
     host = bytes.fromhex(HOST).decode()
@@ -132,7 +203,10 @@ def main():
                 look("memory (%s)" % type(obj).__name__, value, False)
         except Exception:
             pass
-    return {"hits": hits, "sys_path": sys.path, "executable": sys.executable}
+    file_hits, read = contents()
+    hits.update(RAW_HITS)
+    hits.update(file_hits)
+    return {"hits": hits, "sys_path": sys.path, "executable": sys.executable, "read": read}
 import json
 print(json.dumps(main()))
 """
@@ -155,10 +229,21 @@ def needles() -> tuple[list[str], str]:
     return paths, socket.gethostname()
 
 
+def content_needles() -> list[str]:
+    """What file contents must not name: the checkout, the virtual environment and
+    the interpreter's installation (not the home directory itself: wheels built
+    elsewhere carry their builders' ``/root/...`` paths, which name no trainer)."""
+    paths, _host = needles()
+    home = os.path.expanduser("~").rstrip("/")
+    return [p for p in paths if p != home and not p.startswith(("/usr/", "/bin", "/lib"))]
+
+
 def attack(sandbox: LocalSandbox) -> dict[str, Any]:
     paths, host = needles()
     paths.append(sandbox._dir)  # the sandbox's own work directory on the host
-    code = ATTACK.replace("PATHS", repr([p.encode().hex() for p in paths]), 1)
+    in_files = [*content_needles(), sandbox._dir]
+    code = ATTACK.replace("FILE_PATHS", repr([p.encode().hex() for p in in_files]))
+    code = code.replace("PATHS", repr([p.encode().hex() for p in paths]))
     code = code.replace("HOST", repr(host.encode().hex()), 1)
     result = sandbox.run(code)
     out: dict[str, Any] = {

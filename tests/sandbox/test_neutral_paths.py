@@ -53,3 +53,23 @@ def test_without_the_layer_the_same_attack_finds_the_paths():
     found = set(facts["hits"])
     for where in ("sys.path", "/proc/self/exe", "/proc/self/maps", "/proc/self/mountinfo"):
         assert where in found, sorted(found)
+
+
+@pytest.mark.skipif(not ROOT, reason="the comparison runs in the root trainer's process")
+def test_without_relocated_files_the_contents_and_memory_name_the_trainer():
+    """The same attack with the relocated layers off: compiled files name the
+    virtual environment, and the interpreter (its files, and so the server's memory
+    every call inherits) names its installation; with them on, nothing does."""
+    with _without("relocate")(
+        timeout=20, memory_mb=256, max_workers=1, preload=("math",), max_output_bytes=65536
+    ) as sandbox:
+        facts = neutral_scenarios.attack(sandbox)
+    if facts["level"] != "full":
+        pytest.skip("no full isolation here")
+    assert any(line.startswith("relocated files") for line in facts["missing"]), facts["missing"]
+    assert not any(line.startswith("relocated files") for line in facts["layers"])
+    found = set(facts["hits"])
+    assert any(where.startswith("file /opt/python/") for where in found), sorted(found)
+    assert any(where.startswith("raw memory /opt/python/") for where in found), sorted(found)
+    if any(p.startswith("/opt/site") for p in facts["sys_path"]):
+        assert any(w.startswith("file /opt/site") and w.endswith(".pyc") for w in found)

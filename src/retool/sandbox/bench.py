@@ -92,8 +92,8 @@ def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
 # Layers that can be switched off one at a time (``--disable`` of the server): the
 # older two, and round three's per-call network and cgroup namespaces, minimal /etc
 # and /proc masks; the cpu cgroup alone ("cpu") and the address-space pin ("pin"); the
-# neutral paths of the interpreter, runtime and site-packages ("neutral") and the time
-# namespace per call ("timens").
+# neutral paths of the interpreter, runtime and site-packages ("neutral"), the time
+# namespace per call ("timens") and the relocated layers' rewritten files ("relocate").
 LAYERS = (
     "seccomp",
     "cgroups",
@@ -105,6 +105,7 @@ LAYERS = (
     "pin",
     "neutral",
     "timens",
+    "relocate",
 )
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from retool.checks import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import sanitize_observation
+from retool.sandbox import relocate
 from retool.sandbox.limits import (
     MAX_OUTPUT_BYTES,
     MAX_TIMEOUT_S,
@@ -65,7 +66,16 @@ _THREAD_CAPS = (
 
 # The server's own code, copied out of the package: the server imports nothing
 # else of ours, so nothing of retool (data, answers) is importable in a call.
-_RUNTIME_MODULES = ("server", "runtime", "linux", "seccomp", "landlock", "cgroups", "autoprint")
+_RUNTIME_MODULES = (
+    "server",
+    "runtime",
+    "linux",
+    "seccomp",
+    "landlock",
+    "cgroups",
+    "autoprint",
+    "relocate",
+)
 _RUNTIME_PACKAGE = "retool_sandbox_rt"
 _SERVER_BOOT = (
     "import sys; sys.path += sys.argv.pop(1).split(':'); "
@@ -328,6 +338,8 @@ class LocalSandbox:
                 boot_path,
                 "--disable",
                 ",".join(self._disable_layers),
+                "--layer-cache",
+                relocate.cache_root(),  # the server's environment is empty: ours decides
                 "--gone-fd",
                 str(gone_w),
             ],

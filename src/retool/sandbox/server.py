@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import glob
 import importlib
 import json
 import os
@@ -60,7 +61,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import cgroups, landlock, linux, seccomp
+from . import cgroups, landlock, linux, relocate, seccomp
 from .autoprint import add_autoprint
 from .runtime import exit_now, run_code, write_text
 
@@ -266,7 +267,7 @@ def build_root(
             os.symlink(os.readlink(src), dst)  # /bin -> usr/bin on merged-/usr systems
             continue
         os.makedirs(dst, exist_ok=True)
-        linux.mount(call_view(src), dst, None, linux.MS_BIND | linux.MS_REC)
+        linux.mount(src, dst, None, linux.MS_BIND | linux.MS_REC)
         linux.mount(None, dst, None, ro)
     empty = new_root + "/.empty"  # what a masked file shows; gone with the root's umount
     open(empty, "w").close()
@@ -1017,6 +1018,23 @@ def call_layers(
     return layers + ([NEUTRAL_LAYER] if neutral else [])
 
 
+RELOCATED_LAYER = (
+    "relocated files: compiled files, build configuration and RUNPATHs rewritten for "
+    "the neutral paths, the interpreter's own site-packages hidden (contents name no "
+    "directory of the trainer's machine)"
+)
+
+
+def relocated_layer(facts: dict[str, Any]) -> str:
+    """The layer's line for ``retool sandbox check``, with what the refresh did."""
+    line = f"{RELOCATED_LAYER}; {facts['files']} other files rewritten"
+    if facts.get("kept"):
+        line += f", {facts['kept']} binaries keep a short build prefix"
+    if facts.get("rewritten"):
+        line += f"; this start rewrote {facts['rewritten']} (cached for the next)"
+    return line
+
+
 NEUTRAL_CALLS_DIR = "/mnt"  # where the output files are opened (see neutral_calls_dir)
 NEUTRAL_LAYER = (
     "neutral paths: the interpreter at /opt/python, the runtime at /opt/runtime, "
@@ -1054,57 +1072,103 @@ NEUTRAL_PYTHON = NEUTRAL_ROOT + "/python"
 NEUTRAL_RUNTIME = NEUTRAL_ROOT + "/runtime"
 NEUTRAL_SITE = NEUTRAL_ROOT + "/site"  # then /opt/site1, /opt/site2, ...
 NEUTRAL_WORK = NEUTRAL_ROOT + "/work"  # the server's --dir (never bound into a call)
-_CALL_VIEW = NEUTRAL_ROOT + "/.call"  # the overlays calls bind (see _neutral_mount)
+_SOURCES = NEUTRAL_ROOT + "/.src"  # plain binds of the host trees (the server's namespace)
+_LAYERS = NEUTRAL_ROOT + "/.layer"  # binds of their relocated layers (see relocate.py)
+_EMPTY = NEUTRAL_ROOT + "/.empty"  # the second lower layer of an overlay without one
 _SERVER_BOOT = (
     "import sys; sys.path += sys.argv.pop(1).split(':'); "
     "from retool_sandbox_rt.server import main; main()"
 )
 
 
-def _neutral_mount(source_fd: int, target: str) -> None:
-    """Show the directory ``source_fd`` at ``target`` (the server's view) and, as a
-    read-only overlay of that, at ``target`` below ``/opt/.call`` (the calls' view).
+def _neutral_mount(source_fd: int, target: str, layer_fd: int | None, userxattr: bool) -> None:
+    """Show the directory ``source_fd`` at ``target`` as a read-only overlay, with
+    its relocated layer (``layer_fd``) stacked above it where there is one.
 
-    The server imports through a plain bind (the host's dentry cache, as fast
-    as before). A call's root gets the overlay: a bind's mountinfo line names
-    its source directory (the "root" field, the path inside the filesystem:
-    the checkout, a home directory); an overlay's root is its own ("/") and
-    its options name only ``target``. Both show the same files, so every path
-    the server holds (``__file__``, code objects, ``sys.path``) is right in the
-    call, and maps show the neutral path whichever view mapped the file.
+    The server and its calls see the same overlay: the server imports, maps and
+    runs the relocated files, so nothing a call inherits in memory names a host
+    path either. Why an overlay even without a layer: a bind's mountinfo line
+    names its source directory (the "root" field, the path inside the
+    filesystem: the checkout, a home directory); an overlay's root is its own
+    ("/") and its options name only the neutral binds below ``/opt/.src`` and
+    ``/opt/.layer``, which exist in the server's namespace only. ``userxattr``: a
+    server in a user namespace of its own (a non-root trainer) reads the layer's
+    opaque marks from ``user.overlay.*``, the only ones it may set.
     """
     flags = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
+    name = target[len(NEUTRAL_ROOT) + 1 :]
+    lowers = []
+    for fd, below in ((layer_fd, _LAYERS), (source_fd, _SOURCES)):
+        if fd is None:
+            continue
+        path = f"{below}/{name}"
+        os.makedirs(path)
+        linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND)
+        linux.mount(None, path, None, linux.MS_BIND | linux.MS_REMOUNT | flags)
+        lowers.append(path)
+    if len(lowers) == 1:
+        lowers.append(_EMPTY)  # a read-only overlay needs two lower layers, no upper one
     os.makedirs(target, exist_ok=True)
-    linux.mount(f"/proc/self/fd/{source_fd}", target, None, linux.MS_BIND)
-    linux.mount(None, target, None, linux.MS_BIND | linux.MS_REMOUNT | flags)
-    view = _CALL_VIEW + target[len(NEUTRAL_ROOT) :]
-    os.makedirs(view)
-    # Two lower layers (the second empty): a read-only overlay needs no upper one.
-    linux.mount("overlay", view, "overlay", flags, f"lowerdir={target}:{_CALL_VIEW}/.empty")
+    options = "lowerdir=" + ":".join(lowers) + (",userxattr" if userxattr else "")
+    linux.mount("overlay", target, "overlay", flags, options)
 
 
-def call_view(path: str) -> str:
-    """Where a call's root binds ``path`` from: its overlay when it has one."""
-    if path == NEUTRAL_ROOT or not path.startswith(NEUTRAL_ROOT + "/"):
-        return path
-    view = _CALL_VIEW + path[len(NEUTRAL_ROOT) :]
-    return view if os.path.isdir(view) else path
+# Trees of the OS, the same on every machine: what they contain names no trainer, and
+# rewriting "/usr" inside them would change what they mean (os.defpath, shebangs).
+_SHARED_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
 
 
-def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
+def _shared(path: str) -> bool:
+    real = os.path.realpath(path)
+    return real == "/" or any(real == t or real.startswith(t + "/") for t in _SHARED_TREES)
+
+
+def relocated_layers(
+    base: str, sites: list[tuple[str, str]], mapping: dict[str, str], cache: str | None = None
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Refresh the relocated layers (see relocate.py) of the interpreter at ``base``
+    and of each ``(site directory, neutral path)``; returns {source: layer tree} and
+    their summed facts. Raises ``OSError``."""
+    moved = relocate.Relocation({h: t for h, t in mapping.items() if not _shared(h)})
+    packages = glob.glob(os.path.join(base, "lib*", "python*", "*-packages"))
+    hidden = [os.path.relpath(p, base) for p in packages]  # site trees mount on their own
+    trees: dict[str, str] = {}
+    facts = {"rewritten": 0, "kept": 0, "dropped": 0, "files": 0}
+    jobs = [(base, NEUTRAL_PYTHON, True, hidden), *((s, t, False, []) for s, t in sites)]
+    for source, target, scrub, hide in jobs:
+        if _shared(source):
+            continue  # the OS's own tree (a system Python): its paths name no trainer
+        done = relocate.refresh(source, target, moved, scrub=scrub, hide=hide, root=cache)
+        trees[source] = done.pop("tree")
+        for key, value in done.items():
+            facts[key] += value
+    return trees, facts
+
+
+def neutral_layout(
+    workdir: str,
+    boot_path: str,
+    *,
+    userxattr: bool = False,
+    relocated: bool = True,
+    cache: str | None = None,
+) -> tuple[str, str, str, str, dict[str, Any]]:
     """In the server's own mount namespace, mount the interpreter at ``/opt/python``,
     the runtime copy at ``/opt/runtime`` and each site-packages directory at
     ``/opt/site``, ``/opt/site1``...; returns (the interpreter there, the import
     path there, what it needs in ``LD_LIBRARY_PATH``, the work directory there:
     ``/opt/work``, so that no path the server holds, and so no string in a
-    call's memory, names it). Raises ``OSError``.
+    call's memory, names it; the relocated layers' facts, with ``error`` if they
+    could not be used). Raises ``OSError``.
 
     The server then re-executes itself from there (same pid, same descriptors),
     so every path it imports, maps or runs from, and so every path its calls
     inherit (``sys.path``, modules' ``__file__``, code objects' file names,
     ``sys.prefix``, ``sys.executable``, ``/proc/self/exe`` and ``maps``) names
-    no directory of the trainer's machine. ``/opt`` of the host is covered by a
-    tmpfs in the server's namespace only (sources below it are opened first).
+    no directory of the trainer's machine, and (with the relocated layers) no
+    file's contents do either: compiled files, build configuration, ``RUNPATH``.
+    ``/opt`` of the host is covered by a tmpfs in the server's namespace only
+    (sources below it are opened first).
     """
     base = os.path.realpath(sys.base_prefix)
     executable = os.path.realpath(sys.executable)
@@ -1118,7 +1182,25 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
         raise OSError(0, f"no {NEUTRAL_ROOT} to mount on")
     runtime, *sites = boot_path.split(":")
     sources = [base, runtime, *(s for s in sites if os.path.isdir(s))]
+    targets = [NEUTRAL_PYTHON, NEUTRAL_RUNTIME]
+    targets += [NEUTRAL_SITE + (str(i) if i else "") for i in range(len(sources) - 2)]
+    facts: dict[str, Any] = {}
+    trees: dict[str, str] = {}
+    if relocated:
+        mapping = dict(zip(sources, targets, strict=True))
+        mapping[real_workdir] = NEUTRAL_WORK
+        try:
+            site_trees = list(zip(sources[2:], targets[2:], strict=True))
+            trees, facts = relocated_layers(base, site_trees, mapping, cache)
+        except OSError as exc:
+            facts = {"error": f"{exc.strerror or exc}"}
+    else:
+        facts = {"error": "disabled"}
     fds = [os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for s in [workdir, *sources]]
+    layer_fds = [
+        os.open(trees[s], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if s in trees else None
+        for s in sources
+    ]
     try:
         linux.mount(
             "tmpfs",
@@ -1127,13 +1209,11 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
             linux.MS_NOSUID | linux.MS_NODEV,
             "size=64k,nr_inodes=256,mode=0755",
         )
-        os.makedirs(f"{_CALL_VIEW}/.empty")
-        targets = [NEUTRAL_PYTHON, NEUTRAL_RUNTIME]
-        targets += [NEUTRAL_SITE + (str(i) if i else "") for i in range(len(sources) - 2)]
+        os.makedirs(_EMPTY)
         os.makedirs(NEUTRAL_WORK)
         linux.mount(f"/proc/self/fd/{fds[0]}", NEUTRAL_WORK, None, linux.MS_BIND)
-        for fd, target in zip(fds[1:], targets, strict=True):
-            _neutral_mount(fd, target)
+        for fd, layer_fd, target in zip(fds[1:], layer_fds, targets, strict=True):
+            _neutral_mount(fd, target, layer_fd, userxattr)
     except OSError:
         # No overlays here (an old kernel, a container refusing them): the host's /opt,
         # which may hold the interpreter (/opt/conda), comes back with everything on it.
@@ -1141,7 +1221,7 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
             linux.umount2(NEUTRAL_ROOT, linux.MNT_DETACH)
         raise
     finally:
-        for fd in fds:
+        for fd in [*fds, *(f for f in layer_fds if f is not None)]:
             os.close(fd)
     # An interpreter built with an absolute RUNPATH (pyenv's, under a home) would
     # load libpython from the host path; the loader looks here first.
@@ -1150,6 +1230,7 @@ def neutral_layout(workdir: str, boot_path: str) -> tuple[str, str, str, str]:
         ":".join(targets[1:]),
         NEUTRAL_PYTHON + "/lib",
         NEUTRAL_WORK,
+        facts,
     )
 
 
@@ -1341,6 +1422,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--disable", default="", help="layers off, for benchmarks only")
     parser.add_argument("--gone-fd", type=int, default=-1, help="held open until all is gone")
     parser.add_argument("--resume", default="", help="state after the neutral re-exec")
+    parser.add_argument("--layer-cache", default="", help="where relocated layers are kept")
     args = parser.parse_args(argv)
     disabled = set(filter(None, args.disable.split(",")))
     # Calls are forked from here: none of them may read our arguments (the work
@@ -1414,11 +1496,17 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
         missing.append(f"{NEUTRAL_LAYER} ({why})")
         return state
     try:
-        executable, boot_path, libs, work = neutral_layout(args.dir, args.boot_path)
+        executable, boot_path, libs, work, relocated = neutral_layout(
+            args.dir,
+            args.boot_path,
+            userxattr=not real_root,
+            relocated="relocate" not in disabled,
+            cache=args.layer_cache or None,
+        )
     except OSError as exc:
         missing.append(f"{NEUTRAL_LAYER} ({exc.strerror or exc})")
         return state
-    state.update(neutral=True, boot_path=boot_path)
+    state.update(neutral=True, boot_path=boot_path, relocated=relocated)
     os.set_inheritable(alive_w, True)  # the reaper's sign that the server is alive
     argv = [executable, "-I", "-S", "-c", _SERVER_BOOT, boot_path]
     argv += ["--dir", work, "--preload", args.preload, "--isolation", args.isolation]
@@ -1504,6 +1592,12 @@ def _serve(args: argparse.Namespace, disabled: set[str], state: dict[str, Any]) 
         landlock_abi=landlock_abi,
         neutral=level == FULL and bool(state["neutral"]),
     )
+    relocated = state.get("relocated") or {}
+    if level == FULL and state["neutral"]:
+        if "error" in relocated:
+            missing.append(f"{RELOCATED_LAYER} ({relocated['error']})")
+        else:
+            call_layer_list.append(relocated_layer(relocated))
     ready = {
         "level": level,
         "layers": [*call_layer_list, *layers],  # and the round-three CPU/init/verdicts

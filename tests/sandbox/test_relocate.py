@@ -1,0 +1,316 @@
+"""The relocated layer (``retool.sandbox.relocate``): contents that name the host.
+
+Unit level: the rewriting rules (whole path components only, same length in
+binaries with the tail kept, code objects and constants in compiled files),
+the refresh (only what changed is redone, a vanished layer is rebuilt, a
+compiled file of another interpreter is left out) and the overlay semantics
+the server relies on: an opaque ``__pycache__`` hides the host's copy whole,
+for a root server (``trusted.overlay.opaque``) and for a server in a user
+namespace of its own (``user.overlay.opaque`` with ``userxattr``). The whole
+sandbox is attacked in ``test_neutral_paths.py``.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from retool.sandbox import relocate
+from retool.sandbox.relocate import Relocation, refresh, relocate_pyc
+
+from .helpers import ROOT
+from .trainers import _system_python
+
+HOST = "/home/alice/project/.venv/lib/python3.11/site-packages"
+
+
+def test_only_whole_path_components_move():
+    moved = Relocation({"/home/alice/py": "/opt/python"})
+    text = b"a=/home/alice/py/lib b=/home/alice/pyx c='/home/alice/py' d=/home/alice/py\n"
+    assert (
+        moved.text(text) == b"a=/opt/python/lib b=/home/alice/pyx c='/opt/python' d=/opt/python\n"
+    )
+
+
+def test_binaries_keep_their_length_and_the_tail_a_linker_may_have_merged():
+    host = "/root/.pyenv/versions/3.11.7"
+    moved = Relocation({host: "/opt/python"})
+    data = b"\0" + host.encode() + b"\0RUNPATH=" + host.encode() + b"/lib\0"
+    new, kept = moved.binary(data)
+    assert len(new) == len(data) and kept == 0
+    assert host.encode() not in new
+    # PY_VERSION may point at the prefix's last bytes: they stay.
+    prefix = new[1 : 1 + len(host)]
+    assert prefix.endswith(b"/3.11.7") and prefix.startswith(b"/opt/python/")
+    assert os.path.normpath(prefix.decode().replace("/3.11.7", "")) == "/opt/python"
+    short = Relocation({"/a/b": "/opt/python"})
+    same, kept = short.binary(b"x/a/b/c\0")
+    assert same == b"x/a/b/c\0" and kept == 1  # no room: left, and counted
+
+
+def _compile(tmp_path: Path, source_dir: str, body: str) -> tuple[Path, bytes]:
+    """A module compiled as if it lived at ``source_dir``; its .pyc bytes."""
+    src = tmp_path / "mod.py"
+    src.write_text(body)
+    pyc = tmp_path / "mod.pyc"
+    py_compile.compile(str(src), cfile=str(pyc), dfile=f"{source_dir}/mod.py", doraise=True)
+    return pyc, pyc.read_bytes()
+
+
+def test_a_compiled_file_names_the_neutral_path_in_every_code_object_and_constant(tmp_path):
+    body = textwrap.dedent(
+        f"""
+        WHERE = "{HOST}/pkg/data.json"
+        PAIR = ("{HOST}", 1)
+        def outer():
+            def inner():
+                return "{HOST}"
+            return inner
+        class K:
+            def method(self):
+                return 1
+        """
+    )
+    _, data = _compile(tmp_path, HOST + "/pkg", body)
+    assert HOST.encode() in data
+    new = relocate_pyc(data, Relocation({HOST: "/opt/site"}))
+    assert new is not None and HOST.encode() not in new
+    assert new[:16] == data[:16]  # the importer still validates it against the source
+    code = marshal.loads(new[16:])
+    names, strings = [], []
+
+    def walk(c):
+        names.append(c.co_filename)
+        for const in c.co_consts:
+            if isinstance(const, type(c)):
+                walk(const)
+            elif isinstance(const, str):
+                strings.append(const)
+            elif isinstance(const, tuple):
+                strings.extend(x for x in const if isinstance(x, str))
+
+    walk(code)
+    assert len(names) >= 4 and set(names) == {"/opt/site/pkg/mod.py"}
+    assert "/opt/site/pkg/data.json" in strings and "/opt/site" in strings
+    namespace: dict = {}
+    exec(code, namespace)
+    assert namespace["outer"]()() == "/opt/site"
+
+
+def test_a_compiled_file_of_another_interpreter_is_left_out(tmp_path):
+    _, data = _compile(tmp_path, HOST, "x = 1\n")
+    other = bytes([data[0] ^ 1]) + data[1:]
+    assert relocate_pyc(other, Relocation({HOST: "/opt/site"})) is None
+    assert relocate_pyc(data[:10], Relocation({HOST: "/opt/site"})) is None
+
+
+def _tree(tmp_path: Path) -> Path:
+    """A site tree with two packages, compiled at its own (host) path."""
+    site = tmp_path / "site-packages"
+    for package in ("alpha", "beta"):
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").write_text(f"NAME = {package!r}\n")
+        py_compile.compile(str(site / package / "__init__.py"), doraise=True)
+    return site
+
+
+def _opaque(path: Path) -> bool:
+    return any(
+        _xattr(path, name) == b"y" for name in ("trusted.overlay.opaque", "user.overlay.opaque")
+    )
+
+
+def _xattr(path: Path, name: str) -> bytes | None:
+    try:
+        return os.getxattr(path, name)
+    except OSError:
+        return None
+
+
+def test_a_refresh_redoes_only_what_changed(tmp_path):
+    site = _tree(tmp_path)
+    moved = Relocation({str(site): "/opt/site"})
+    cache = tmp_path / "cache"
+    first = refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
+    tree = Path(first["tree"])
+    assert first["rewritten"] == 2
+    for package in ("alpha", "beta"):
+        layer = tree / package / "__pycache__"
+        assert _opaque(layer)
+        (pyc,) = layer.iterdir()
+        assert str(site).encode() not in pyc.read_bytes()
+        assert b"/opt/site/" + package.encode() in pyc.read_bytes()
+    assert refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))["rewritten"] == 0
+    # A new package: only its compiled file is written.
+    (site / "gamma").mkdir()
+    (site / "gamma" / "__init__.py").write_text("NAME = 'gamma'\n")
+    py_compile.compile(str(site / "gamma" / "__init__.py"), doraise=True)
+    again = refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
+    assert again["rewritten"] == 1 and _opaque(tree / "gamma" / "__pycache__")
+    # A compiled file removed on the host goes from the layer too.
+    shutil.rmtree(site / "beta" / "__pycache__")
+    refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
+    assert list((tree / "beta" / "__pycache__").iterdir()) == []
+    # A layer deleted under its manifest is rebuilt whole, never trusted half-gone.
+    shutil.rmtree(tree)
+    rebuilt = refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
+    assert rebuilt["rewritten"] == 2 and _opaque(tree / "alpha" / "__pycache__")
+
+
+def test_the_interpreter_tree_is_scrubbed_and_its_site_packages_hidden(tmp_path):
+    prefix = tmp_path / "pyenv" / "3.11.7"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "lib" / "python3.11" / "site-packages" / "junk").mkdir(parents=True)
+    (prefix / "bin" / "pip3").write_text(f"#!{prefix}/bin/python3.11\nimport pip\n")
+    (prefix / "lib" / "python3.11" / "_sysconfigdata.py").write_text(f"PREFIX = '{prefix}'\n")
+    (prefix / "lib" / "libpython.so").write_bytes(b"\x7fELF\0" + str(prefix).encode() + b"\0")
+    (prefix / "lib" / "python3.11" / "plain.py").write_text("x = 1\n")
+    moved = Relocation({str(prefix): "/opt/python"})
+    hide = ["lib/python3.11/site-packages"]
+    facts = refresh(
+        str(prefix), "/opt/python", moved, scrub=True, hide=hide, root=str(tmp_path / "c")
+    )
+    tree = Path(facts["tree"])
+    assert facts["files"] == 3
+    assert (tree / "bin" / "pip3").read_text().startswith("#!/opt/python/bin/python3.11\n")
+    assert "'/opt/python'" in (tree / "lib" / "python3.11" / "_sysconfigdata.py").read_text()
+    binary = (tree / "lib" / "libpython.so").read_bytes()
+    assert len(binary) == len((prefix / "lib" / "libpython.so").read_bytes())
+    assert str(prefix).encode() not in binary
+    assert os.readlink(tree / "3.11.7") == "."  # the kept tail names the tree itself
+    assert not (tree / "lib" / "python3.11" / "plain.py").exists()  # nothing to move: not copied
+    hidden = tree / "lib" / "python3.11" / "site-packages"
+    assert _opaque(hidden) and list(hidden.iterdir()) == []
+
+
+def test_no_cache_directory_is_one_os_error(tmp_path):
+    site = _tree(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError):
+        refresh(
+            str(site),
+            "/opt/site",
+            Relocation({str(site): "/opt/site"}),
+            scrub=False,
+            root=str(blocker / "cache"),
+        )
+
+
+_OVERLAY = r"""
+import ctypes, os, sys
+site, tree, mnt, userns = sys.argv[1:5]
+libc = ctypes.CDLL(None, use_errno=True)
+if userns == "1":
+    uid, gid = os.geteuid(), os.getegid()
+    assert libc.unshare(0x10000000 | 0x00020000) == 0, ctypes.get_errno()
+    open("/proc/self/setgroups", "w").write("deny")
+    open("/proc/self/uid_map", "w").write(f"0 {uid} 1")
+    open("/proc/self/gid_map", "w").write(f"0 {gid} 1")
+else:
+    assert libc.unshare(0x00020000) == 0, ctypes.get_errno()
+options = f"lowerdir={tree}:{site}" + (",userxattr" if userns == "1" else "")
+if libc.mount(b"overlay", mnt.encode(), b"overlay", 1, options.encode()) != 0:
+    print("MOUNT-FAILED", ctypes.get_errno()); sys.exit(0)
+for package in ("alpha", "beta"):
+    cache = os.path.join(mnt, package, "__pycache__")
+    for name in sorted(os.listdir(cache)):
+        print(package, name, site.encode() in open(os.path.join(cache, name), "rb").read())
+"""
+
+
+def _overlay_listing(site: Path, tree: str, mnt: Path, userns: bool, as_nobody: bool) -> str:
+    script = mnt.parent / "overlay.py"
+    script.write_text(_OVERLAY)
+    os.chmod(script, 0o644)
+    python = _system_python() if as_nobody else sys.executable
+    argv = [python, str(script), str(site), tree, str(mnt), "1" if userns else "0"]
+    kwargs = {}
+    if as_nobody:
+        kwargs["user"] = kwargs["group"] = 65534
+        kwargs["extra_groups"] = []
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+@pytest.mark.skipif(not ROOT, reason="mounts an overlay in a mount namespace of its own")
+def test_an_opaque_cache_directory_hides_every_host_compiled_file_of_a_root_server(tmp_path):
+    site = _tree(tmp_path)
+    moved = Relocation({str(site): "/opt/site"})
+    facts = refresh(str(site), "/opt/site", moved, scrub=False, root=str(tmp_path / "cache"))
+    # Written on the host after the refresh: must not show through the opaque directory.
+    (site / "alpha" / "__pycache__" / "late.cpython-311.pyc").write_bytes(str(site).encode())
+    (tmp_path / "mnt").mkdir()
+    out = _overlay_listing(site, facts["tree"], tmp_path / "mnt", userns=False, as_nobody=False)
+    if "MOUNT-FAILED" in out:
+        pytest.skip(f"no overlay mounts here: {out}")
+    assert "late" not in out and "True" not in out
+    assert out.count("False") == 2, out
+
+
+@pytest.fixture
+def open_tmp():
+    """A directory the uid nobody can reach (pytest's own is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="retool-relocate-"))
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="plays the non-root trainer with the uid nobody")
+def test_a_non_root_server_reads_the_marks_it_could_set(open_tmp):
+    """Built by an unprivileged user (only ``user.*`` attributes stick) and mounted
+    in its own user namespace with ``userxattr``: the host's compiled files stay hidden."""
+    tmp_path = open_tmp
+    site = _tree(tmp_path)
+    for root, dirs, files in os.walk(tmp_path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), 65534, 65534)
+    build = tmp_path / "build.py"
+    build.write_text(
+        "import sys, json\nsys.path.insert(0, sys.argv[1])\nimport relocate\n"
+        "r = relocate.Relocation({sys.argv[2]: '/opt/site'})\n"
+        "facts = relocate.refresh(sys.argv[2], '/opt/site', r, scrub=False, root=sys.argv[3])\n"
+        "print(facts['tree'])\n"
+    )
+    shutil.copyfile(relocate.__file__, tmp_path / "relocate.py")
+    os.chmod(tmp_path / "relocate.py", 0o644)
+    python = _system_python()
+    if python is None:
+        pytest.skip("no system Python for the unprivileged uid")
+    run = subprocess.run(
+        [python, str(build), str(tmp_path), str(site), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+    )
+    if run.returncode != 0 and "Operation not supported" in run.stderr:
+        pytest.skip("no user extended attributes on this file system")
+    assert run.returncode == 0, run.stderr
+    tree = run.stdout.strip()
+    layer = Path(tree, "alpha", "__pycache__")
+    assert _xattr(layer, "user.overlay.opaque") == b"y"
+    assert _xattr(layer, "trusted.overlay.opaque") is None  # nobody could not set it
+    (site / "alpha" / "__pycache__" / "late.cpython-311.pyc").write_bytes(str(site).encode())
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    os.chown(mnt, 65534, 65534)
+    out = _overlay_listing(site, tree, mnt, userns=True, as_nobody=True)
+    if "MOUNT-FAILED" in out:
+        pytest.skip(f"no overlay in a user namespace here: {out}")
+    assert "late" not in out and "True" not in out
+    assert out.count("False") == 2, out
