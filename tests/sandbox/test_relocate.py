@@ -314,3 +314,23 @@ def test_a_non_root_server_reads_the_marks_it_could_set(open_tmp):
         pytest.skip(f"no overlay in a user namespace here: {out}")
     assert "late" not in out and "True" not in out
     assert out.count("False") == 2, out
+
+
+def test_an_unusable_cache_is_reported_and_the_sandbox_still_runs(tmp_path, monkeypatch):
+    """A cache that cannot be written (here a file where the directory should be;
+    a full disk or a file system without extended attributes alike): the server
+    runs without the layers, and says so where every other missing layer is said."""
+    from retool.sandbox import LocalSandbox
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with LocalSandbox(timeout=10, max_workers=1, preload=("math",)) as sandbox:
+        result = sandbox.run("print(6 * 7)")
+        missing, layers, level = sandbox.missing, sandbox.layers, sandbox.isolation_level.value
+    assert result.ok and result.stdout == "42\n"
+    if level != "full":
+        pytest.skip("no full isolation here: no layers to relocate")
+    assert any(m.startswith("relocated files") for m in missing), missing
+    assert not any(x.startswith("relocated files") for x in layers)
+    assert not any(blocker.parent.glob("not-a-directory*/**"))

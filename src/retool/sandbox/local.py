@@ -279,6 +279,12 @@ class LocalSandbox:
             self._spawn_server(())
 
     def _spawn_server(self, preload: Sequence[str]) -> None:
+        if self.isolation != "none" and not os.path.isdir(relocate.cache_root()):
+            log.info(
+                "the sandbox rewrites the interpreter's and site-packages' compiled files "
+                "for its neutral paths once (tens of seconds; kept in %s)",
+                relocate.cache_root(),
+            )
         self._dir = tempfile.mkdtemp(prefix="retool-sandbox-")
         os.chmod(self._dir, 0o711)  # sandbox uids must reach their scratch dirs (basic)
         boot_path = _install_runtime(self._dir)
