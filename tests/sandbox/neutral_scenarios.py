@@ -9,7 +9,8 @@ file name, ``/proc/self`` (mountinfo, mounts, maps, environ, cmdline, exe, cwd,
 root, fds) and its init's, ``os.getcwd()``, the environment, tracebacks raised
 inside the standard library (and numpy where preloaded), and memory: every
 frame above the code and every string in a container the collector tracks;
-then the bytes: every readable mapping of the call's memory (what it inherits
+then the bytes: every readable mapping of the call's memory, for those paths,
+the sandbox's work directory and the instance's cgroup directories (what it inherits
 from the server, the interpreter and libraries included) and the contents of
 the files this machine wrote below ``/opt`` (every compiled file of the site
 trees; the interpreter's binaries, scripts, standard library and build
@@ -55,10 +56,10 @@ def raw_memory():  # first, before any needle exists as a string in this process
             data = ctypes.string_at(low, high - low)
         except Exception:
             continue
-        for pattern in patterns:
+        for number, pattern in enumerate(patterns):
             found = pattern.search(data)
             if found:
-                key = "raw memory " + name
+                key = "raw memory %s (needle %d)" % (name, number)
                 hits.setdefault(key, repr(data[max(0, found.start() - 60) : found.end() + 60]))
         del data
     return hits
@@ -241,7 +242,11 @@ def content_needles() -> list[str]:
 def attack(sandbox: LocalSandbox) -> dict[str, Any]:
     paths, host = needles()
     paths.append(sandbox._dir)  # the sandbox's own work directory on the host
-    in_files = [*content_needles(), sandbox._dir]
+    # The instance's cgroup (it names the trainer's cgroup, a container's id, and the
+    # server's pid): in no file, and not in the memory a call inherits.
+    cgroups = [p for p in (sandbox._cgroup or {}).values() if p]
+    out_cgroups = {"cgroups": cgroups}
+    in_files = [*content_needles(), sandbox._dir, *cgroups]
     code = ATTACK.replace("FILE_PATHS", repr([p.encode().hex() for p in in_files]))
     code = code.replace("PATHS", repr([p.encode().hex() for p in paths]))
     code = code.replace("HOST", repr(host.encode().hex()), 1)
@@ -251,6 +256,8 @@ def attack(sandbox: LocalSandbox) -> dict[str, Any]:
         "missing": list(sandbox.missing),
         "layers": list(sandbox.layers),
         "needles": [*paths, host],
+        "needles_in_bytes": in_files,
+        **out_cgroups,
         "ok": result.ok,
         "stderr": result.stderr[-2000:],
     }

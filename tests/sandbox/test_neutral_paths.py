@@ -41,6 +41,11 @@ def test_a_call_finds_no_path_of_the_trainer(results, mode):
     assert any(line.startswith("neutral paths: ") for line in facts["layers"]), facts["layers"]
 
 
+def _needle(where: str) -> int:
+    """The needle number of a raw-memory hit: ``raw memory [heap] (needle 3)``."""
+    return int(where.rsplit("(needle ", 1)[1].rstrip(")"))
+
+
 @pytest.mark.skipif(not ROOT, reason="the comparison runs in the root trainer's process")
 def test_without_the_layer_the_same_attack_finds_the_paths():
     with _without("neutral")(
@@ -53,6 +58,11 @@ def test_without_the_layer_the_same_attack_finds_the_paths():
     found = set(facts["hits"])
     for where in ("sys.path", "/proc/self/exe", "/proc/self/maps", "/proc/self/mountinfo"):
         assert where in found, sorted(found)
+    # The instance's cgroup directories, last among the memory needles: the server
+    # holds their host paths when it has no neutral layout to bind them into.
+    first = len(facts["needles_in_bytes"]) - len(facts["cgroups"])
+    cgroup_hits = [w for w in found if w.startswith("raw memory ") and _needle(w) >= first]
+    assert cgroup_hits or not facts["cgroups"], sorted(found)
 
 
 @pytest.mark.skipif(not ROOT, reason="the comparison runs in the root trainer's process")

@@ -296,7 +296,12 @@ class LocalSandbox:
         # Held in self._server from here on: whatever interrupts the start-up,
         # _stop_server can find and end the server, its reaper and its calls.
         assert self._server is not None and self._server.stdout is not None
+        # First where the instance's cgroup is (ours to kill if the server dies; the
+        # server itself keeps only neutral paths), then the ready line.
         line = self._server.stdout.readline()
+        if line:
+            self._cgroup = json.loads(line).get("cgroup")
+            line = self._server.stdout.readline()
         if not line:
             self._stop_server()
             raise SandboxError("the sandbox server failed to start")
@@ -305,7 +310,6 @@ class LocalSandbox:
         self.missing = list(ready["missing"])
         self.layers = list(ready.get("layers", []))  # what isolates each call, one line each
         self.preloaded = list(ready["preloaded"])
-        self._cgroup = ready.get("cgroup")
         self.cpu_isolation = next((x for x in self.layers if x.startswith("cpu: ")), "")
         if self.isolation == "strict" and level != IsolationLevel.FULL:
             self._stop_server()

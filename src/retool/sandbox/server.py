@@ -1072,6 +1072,7 @@ NEUTRAL_PYTHON = NEUTRAL_ROOT + "/python"
 NEUTRAL_RUNTIME = NEUTRAL_ROOT + "/runtime"
 NEUTRAL_SITE = NEUTRAL_ROOT + "/site"  # then /opt/site1, /opt/site2, ...
 NEUTRAL_WORK = NEUTRAL_ROOT + "/work"  # the server's --dir (never bound into a call)
+NEUTRAL_CGROUP = NEUTRAL_ROOT + "/cgroup"  # the instance's cgroups (never bound into a call)
 _SOURCES = NEUTRAL_ROOT + "/.src"  # plain binds of the host trees (the server's namespace)
 _LAYERS = NEUTRAL_ROOT + "/.layer"  # binds of their relocated layers (see relocate.py)
 _EMPTY = NEUTRAL_ROOT + "/.empty"  # the second lower layer of an overlay without one
@@ -1152,6 +1153,7 @@ def neutral_layout(
     userxattr: bool = False,
     relocated: bool = True,
     cache: str | None = None,
+    cgroup_dirs: dict[str, str] | None = None,
 ) -> tuple[str, str, str, str, dict[str, Any]]:
     """In the server's own mount namespace, mount the interpreter at ``/opt/python``,
     the runtime copy at ``/opt/runtime`` and each site-packages directory at
@@ -1159,7 +1161,9 @@ def neutral_layout(
     path there, what it needs in ``LD_LIBRARY_PATH``, the work directory there:
     ``/opt/work``, so that no path the server holds, and so no string in a
     call's memory, names it; the relocated layers' facts, with ``error`` if they
-    could not be used). Raises ``OSError``.
+    could not be used). Each of ``cgroup_dirs`` (the instance's cgroup in each
+    hierarchy) is bound at ``/opt/cgroup/<hierarchy>``: its host path names the
+    trainer's cgroup (a container's id) and the server's pid. Raises ``OSError``.
 
     The server then re-executes itself from there (same pid, same descriptors),
     so every path it imports, maps or runs from, and so every path its calls
@@ -1197,6 +1201,10 @@ def neutral_layout(
     else:
         facts = {"error": "disabled"}
     fds = [os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for s in [workdir, *sources]]
+    cgroup_fds = {
+        key: os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        for key, path in (cgroup_dirs or {}).items()
+    }
     layer_fds = [
         os.open(trees[s], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if s in trees else None
         for s in sources
@@ -1214,6 +1222,9 @@ def neutral_layout(
         linux.mount(f"/proc/self/fd/{fds[0]}", NEUTRAL_WORK, None, linux.MS_BIND)
         for fd, layer_fd, target in zip(fds[1:], layer_fds, targets, strict=True):
             _neutral_mount(fd, target, layer_fd, userxattr)
+        for key, fd in cgroup_fds.items():
+            os.makedirs(f"{NEUTRAL_CGROUP}/{key}")
+            linux.mount(f"/proc/self/fd/{fd}", f"{NEUTRAL_CGROUP}/{key}", None, linux.MS_BIND)
     except OSError:
         # No overlays here (an old kernel, a container refusing them): the host's /opt,
         # which may hold the interpreter (/opt/conda), comes back with everything on it.
@@ -1221,7 +1232,7 @@ def neutral_layout(
             linux.umount2(NEUTRAL_ROOT, linux.MNT_DETACH)
         raise
     finally:
-        for fd in [*fds, *(f for f in layer_fds if f is not None)]:
+        for fd in [*fds, *cgroup_fds.values(), *(f for f in layer_fds if f is not None)]:
             os.close(fd)
     # An interpreter built with an absolute RUNPATH (pyenv's, under a home) would
     # load libpython from the host path; the loader looks here first.
@@ -1454,6 +1465,9 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
         missing.append("a cgroup per call (" + "; ".join(group_missing) + ")")
     elif group_missing:
         missing.extend(group_missing)
+    # The trainer's copy of where the instance's cgroup is (to kill it if the server
+    # dies), sent now: after the neutral re-exec the server holds only /opt/cgroup paths.
+    _write_all(1, (json.dumps({"cgroup": None if group is None else group.dirs}) + "\n").encode())
     trainer_pidfd = None
     with contextlib.suppress(OSError):
         trainer_pidfd = os.pidfd_open(os.getppid())
@@ -1502,11 +1516,14 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
             userxattr=not real_root,
             relocated="relocate" not in disabled,
             cache=args.layer_cache or None,
+            cgroup_dirs=None if group is None else group.dirs,
         )
     except OSError as exc:
         missing.append(f"{NEUTRAL_LAYER} ({exc.strerror or exc})")
         return state
     state.update(neutral=True, boot_path=boot_path, relocated=relocated)
+    if group is not None:
+        state["group"] = {key: f"{NEUTRAL_CGROUP}/{key}" for key in group.dirs}
     os.set_inheritable(alive_w, True)  # the reaper's sign that the server is alive
     argv = [executable, "-I", "-S", "-c", _SERVER_BOOT, boot_path]
     argv += ["--dir", work, "--preload", args.preload, "--isolation", args.isolation]
@@ -1604,7 +1621,6 @@ def _serve(args: argparse.Namespace, disabled: set[str], state: dict[str, Any]) 
         "missing": missing,
         "preloaded": preloaded,
         "pid": os.getpid(),
-        "cgroup": None if group is None else group.dirs,
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
