@@ -334,3 +334,13 @@ def test_an_unusable_cache_is_reported_and_the_sandbox_still_runs(tmp_path, monk
     assert any(m.startswith("relocated files") for m in missing), missing
     assert not any(x.startswith("relocated files") for x in layers)
     assert not any(blocker.parent.glob("not-a-directory*/**"))
+
+
+def test_a_tree_reached_through_a_link_is_relocated_whole(tmp_path):
+    site = _tree(tmp_path)
+    link = tmp_path / "linked-site"
+    link.symlink_to(site)
+    moved = Relocation({str(link): "/opt/site"})
+    facts = refresh(str(link), "/opt/site", moved, scrub=False, root=str(tmp_path / "cache"))
+    assert facts["rewritten"] == 2
+    assert _opaque(Path(facts["tree"]) / "alpha" / "__pycache__")

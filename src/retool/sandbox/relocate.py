@@ -349,8 +349,8 @@ def refresh(
         while stack:
             rel = stack.pop()
             path = os.path.join(source, rel) if rel else source
-            try:
-                info = os.lstat(path)
+            try:  # the tree itself may be reached through a link; what is below it, not
+                info = os.stat(path) if not rel else os.lstat(path)
             except FileNotFoundError:
                 continue
             if not stat.S_ISDIR(info.st_mode):
