@@ -61,6 +61,10 @@ def test_request_fields_keep_our_contract():
     assert fields["ignore_eos"] and fields["include_stop_str_in_output"]
     assert fields["logprobs"] == 0 and fields["detokenize"]
     assert not request_fields(SamplingParams(stop=(2,)), 1)["detokenize"]
+    # vLLM matches stop strings in its own detokenized text: with special tokens
+    # skipped there, "<|im_end|>" as a stop string could never match (in process and
+    # on a server alike, as in our sampler, which matches text with special tokens).
+    assert request_fields(SamplingParams(stop=("<|im_end|>",)), 1)["skip_special_tokens"] is False
 
 
 def test_outputs_convert_and_bad_ones_are_refused():

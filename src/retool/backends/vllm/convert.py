@@ -16,7 +16,9 @@ The contract (:mod:`retool.types`), and how vLLM is made to keep it:
   caller says (the rollout passes EOS in its stops), so ``ignore_eos`` is set.
   The stop is kept: stop ids are in ``token_ids`` unless vLLM is told to drop
   them (it keeps them for ``stop_token_ids``); ``include_stop_str_in_output``
-  keeps the text of a stop string.
+  keeps the text of a stop string. vLLM matches stop strings in its own
+  detokenized text, so that text keeps special tokens (``skip_special_tokens``
+  off): a stop string that is a special token's text matches, as in our sampler.
 * Logprobs: ``logprobs=0`` returns the sampled token's logprob only; with the
   engine's ``logprobs_mode = "raw_logprobs"`` it is the log-softmax of the raw
   logits, before temperature and top-p/top-k: the policy's own, as the
@@ -53,7 +55,10 @@ def request_fields(params: SamplingParams, num_samples: int) -> dict[str, Any]:
         "ignore_eos": True,
         "logprobs": 0,
         "detokenize": bool(stop_strings),
-        "skip_special_tokens": True,
+        # Stop strings are looked for in text decoded with special tokens, as the local
+        # sampler does: "<|im_end|>" as a stop string must match the token. The text
+        # we return is decoded by us, without them (engine._text, server._text).
+        "skip_special_tokens": False,
     }
     return fields
 

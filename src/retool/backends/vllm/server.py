@@ -480,9 +480,6 @@ class ServerSamplingClient:
         """The ``/v1/completions`` request for one sampling call."""
         fields = request_fields(params, num_samples)
         fields.pop("detokenize", None)  # an engine argument; the server decides by itself
-        # Stop strings are looked for in text decoded with special tokens, as the local
-        # sampler does ("<|im_end|>" must match); our own text skips them (see _text).
-        fields["skip_special_tokens"] = False
         if fields.get("seed") is not None:
             fields["seed"] = int(fields["seed"]) % SEED_RANGE
         tokens = prompt.to_ints()
