@@ -84,8 +84,11 @@ def contents():  # the files a call can read that this machine wrote: compiled, 
                     hits["file " + path] = repr(data[max(0, at - 60) : at + len(needle) + 60])
                 hits["files below " + top] = "%d files" % count[top]
                 return
-    for top in ["/opt/python"] + sorted(p for p in sys.path if p.startswith("/opt/site")):
+    sites = sorted(p for p in sys.path if p.startswith("/opt/site"))
+    tops = ["/opt/python", "/opt/runtime", *sites]
+    for top in tops:
         interpreter = top == "/opt/python"
+        everything = top == "/opt/runtime"  # our runtime copy: small, read whole
         for root, dirs, files in os.walk(top):
             if interpreter:  # its own tree; its site-packages are the site trees' business
                 dirs[:] = [d for d in dirs if not d.endswith("-packages") and d != "share"]
@@ -99,7 +102,7 @@ def contents():  # the files a call can read that this machine wrote: compiled, 
                 stdlib = root.startswith(top + "/lib/python")
                 if interpreter and not (stdlib or name.startswith(programs)):
                     continue
-                if interpreter or name.endswith(".pyc"):
+                if interpreter or everything or name.endswith(".pyc"):
                     scan(path)
     return hits, read
 def main():
@@ -257,6 +260,7 @@ def attack(sandbox: LocalSandbox) -> dict[str, Any]:
         "layers": list(sandbox.layers),
         "needles": [*paths, host],
         "needles_in_bytes": in_files,
+        "trainer_prefix": os.path.realpath(sys.base_prefix),
         **out_cgroups,
         "ok": result.ok,
         "stderr": result.stderr[-2000:],

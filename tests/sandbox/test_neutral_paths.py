@@ -39,6 +39,9 @@ def test_a_call_finds_no_path_of_the_trainer(results, mode):
     assert all(p.startswith("/opt/") for p in facts["sys_path"]), facts["sys_path"]
     assert facts["executable"].startswith("/opt/python/"), facts["executable"]
     assert any(line.startswith("neutral paths: ") for line in facts["layers"]), facts["layers"]
+    assert facts["read"] > 1 << 20, facts["read"]  # the file search read what it searched
+    if not (facts["trainer_prefix"] + "/").startswith("/usr/"):  # the OS's Python: no layer
+        assert any(x.startswith("relocated files") for x in facts["layers"]), facts["layers"]
 
 
 def _needle(where: str) -> int:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,15 @@ def test_a_compiled_file_of_another_interpreter_is_left_out(tmp_path):
     assert relocate_pyc(data[:10], Relocation({HOST: "/opt/site"})) is None
 
 
+def _age(tree: Path) -> None:
+    """Every directory changed in the last minute, a minute back (a refresh does not
+    trust recent mtimes); the others keep theirs, so a refresh sees what changed."""
+    now = time.time()
+    for root, _dirs, _files in os.walk(tree):
+        if os.stat(root).st_mtime > now - 30:
+            os.utime(root, (now - 60, now - 60))
+
+
 def _tree(tmp_path: Path) -> Path:
     """A site tree with two packages, compiled at its own (host) path."""
     site = tmp_path / "site-packages"
@@ -120,6 +130,7 @@ def _tree(tmp_path: Path) -> Path:
         (site / package).mkdir(parents=True)
         (site / package / "__init__.py").write_text(f"NAME = {package!r}\n")
         py_compile.compile(str(site / package / "__init__.py"), doraise=True)
+    _age(site)
     return site
 
 
@@ -154,16 +165,97 @@ def test_a_refresh_redoes_only_what_changed(tmp_path):
     (site / "gamma").mkdir()
     (site / "gamma" / "__init__.py").write_text("NAME = 'gamma'\n")
     py_compile.compile(str(site / "gamma" / "__init__.py"), doraise=True)
+    _age(site)
     again = refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
     assert again["rewritten"] == 1 and _opaque(tree / "gamma" / "__pycache__")
     # A compiled file removed on the host goes from the layer too.
     shutil.rmtree(site / "beta" / "__pycache__")
+    _age(site)
     refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
     assert list((tree / "beta" / "__pycache__").iterdir()) == []
+    # An uninstalled package goes whole: an empty directory left in the layer would
+    # import as a namespace package.
+    shutil.rmtree(site / "alpha")
+    _age(site)
+    refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
+    assert not (tree / "alpha").exists()
     # A layer deleted under its manifest is rebuilt whole, never trusted half-gone.
     shutil.rmtree(tree)
     rebuilt = refresh(str(site), "/opt/site", moved, scrub=False, root=str(cache))
-    assert rebuilt["rewritten"] == 2 and _opaque(tree / "alpha" / "__pycache__")
+    assert rebuilt["rewritten"] == 1 and _opaque(tree / "gamma" / "__pycache__")
+    assert _opaque(tree / "beta" / "__pycache__")  # none on the host: empty, hiding
+
+
+def test_a_package_compiled_later_is_hidden_until_a_refresh_moves_it(tmp_path):
+    """An installer that did not compile (uv): the trainer's first import writes a new
+    ``__pycache__``, naming the host, hours into a server's life. The layer gave the
+    package an empty opaque one in advance, so the call sees none of it."""
+    site = tmp_path / "site-packages"
+    (site / "lazy").mkdir(parents=True)
+    (site / "lazy" / "__init__.py").write_text("X = 1\n")
+    _age(site)
+    moved = Relocation({str(site): "/opt/site"})
+    facts = refresh(str(site), "/opt/site", moved, scrub=False, root=str(tmp_path / "c"))
+    ahead = Path(facts["tree"]) / "lazy" / "__pycache__"
+    assert _opaque(ahead) and list(ahead.iterdir()) == []
+    py_compile.compile(str(site / "lazy" / "__init__.py"), doraise=True)  # the trainer's
+    _age(site)
+    later = refresh(str(site), "/opt/site", moved, scrub=False, root=str(tmp_path / "c"))
+    (pyc,) = ahead.iterdir()
+    assert later["rewritten"] == 1 and str(site).encode() not in pyc.read_bytes()
+
+
+def test_a_directory_changed_during_the_scan_is_scanned_again(tmp_path):
+    """A change in the same clock tick as the scan leaves the mtime as recorded:
+    a recent mtime is not trusted, so the next refresh looks again."""
+    site = _tree(tmp_path)
+    now = time.time()
+    os.utime(site / "alpha" / "__pycache__", (now, now))
+    moved = Relocation({str(site): "/opt/site"})
+    refresh(str(site), "/opt/site", moved, scrub=False, root=str(tmp_path / "c"))
+    extra = site / "alpha" / "__pycache__" / "extra.cpython-311.pyc"
+    shutil.copyfile(next((site / "beta" / "__pycache__").iterdir()), extra)
+    os.utime(site / "alpha" / "__pycache__", (now, now))  # the same mtime as recorded
+    facts = refresh(str(site), "/opt/site", moved, scrub=False, root=str(tmp_path / "c"))
+    assert (Path(facts["tree"]) / "alpha" / "__pycache__" / extra.name).exists()
+
+
+def test_an_editable_finder_is_left_out_and_the_layer_is_readable_under_any_umask(tmp_path):
+    site = _tree(tmp_path)
+    finder = site / "__editable___demo_finder.py"
+    finder.write_text(f"MAPPING = {{'demo': '{tmp_path}/checkout/src/demo'}}\n")
+    py_compile.compile(str(finder), doraise=True)
+    _age(site)
+    moved = Relocation({str(site): "/opt/site"})
+    saved = os.umask(0o077)
+    try:
+        facts = refresh(str(site), "/opt/site", moved, scrub=False, root=str(tmp_path / "c"))
+    finally:
+        os.umask(saved)
+    tree = Path(facts["tree"])
+    assert list((tree / "__pycache__").iterdir()) == [] and facts["dropped"] == 1
+    for root, dirs, files in os.walk(tree):
+        for name in dirs:
+            assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o755, (root, name)
+        for name in files:
+            assert os.stat(os.path.join(root, name)).st_mode & 0o444 == 0o444, (root, name)
+
+
+def test_a_cache_another_user_can_write_is_refused(tmp_path):
+    """A root server runs the interpreter it finds in a layer: a cache directory
+    anyone can write is someone else's choice of what it runs."""
+    site = _tree(tmp_path)
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    with pytest.raises(OSError, match="not ours alone"):
+        refresh(
+            str(site),
+            "/opt/site",
+            Relocation({str(site): "/opt/site"}),
+            scrub=False,
+            root=str(cache),
+        )
 
 
 def test_the_interpreter_tree_is_scrubbed_and_its_site_packages_hidden(tmp_path):
@@ -280,7 +372,8 @@ def test_a_non_root_server_reads_the_marks_it_could_set(open_tmp):
     build.write_text(
         "import sys, json\nsys.path.insert(0, sys.argv[1])\nimport relocate\n"
         "r = relocate.Relocation({sys.argv[2]: '/opt/site'})\n"
-        "facts = relocate.refresh(sys.argv[2], '/opt/site', r, scrub=False, root=sys.argv[3])\n"
+        "facts = relocate.refresh(sys.argv[2], '/opt/site', r, scrub=False, root=sys.argv[3],\n"
+        "                         opaque='user.overlay.opaque')\n"
         "print(facts['tree'])\n"
     )
     shutil.copyfile(relocate.__file__, tmp_path / "relocate.py")
@@ -344,3 +437,38 @@ def test_a_tree_reached_through_a_link_is_relocated_whole(tmp_path):
     facts = refresh(str(link), "/opt/site", moved, scrub=False, root=str(tmp_path / "cache"))
     assert facts["rewritten"] == 2
     assert _opaque(Path(facts["tree"]) / "alpha" / "__pycache__")
+
+
+def test_the_layer_outlives_the_server_that_built_it(tmp_path):
+    """Each server has a work directory of its own, mapped too: the cache key must not
+    depend on it, or every start would rebuild the layer from nothing."""
+    site = _tree(tmp_path)
+    cache = str(tmp_path / "c")
+    first = Relocation({str(site): "/opt/site", "/tmp/retool-sandbox-aaa": "/opt/work"})
+    second = Relocation({str(site): "/opt/site", "/tmp/retool-sandbox-bbb": "/opt/work"})
+    built = refresh(str(site), "/opt/site", first, scrub=False, root=cache)
+    again = refresh(str(site), "/opt/site", second, scrub=False, root=cache)
+    assert again["tree"] == built["tree"] and again["rewritten"] == 0
+
+
+def test_layers_of_trees_that_are_gone_are_pruned(tmp_path):
+    cache = str(tmp_path / "c")
+    kept_site = _tree(tmp_path / "kept")
+    gone_site = _tree(tmp_path / "gone")
+    kept = refresh(
+        str(kept_site),
+        "/opt/site",
+        Relocation({str(kept_site): "/opt/site"}),
+        scrub=False,
+        root=cache,
+    )
+    gone = refresh(
+        str(gone_site),
+        "/opt/site",
+        Relocation({str(gone_site): "/opt/site"}),
+        scrub=False,
+        root=cache,
+    )
+    shutil.rmtree(gone_site)
+    assert relocate.prune(cache) == 1
+    assert os.path.isdir(kept["tree"]) and not os.path.exists(os.path.dirname(gone["tree"]))

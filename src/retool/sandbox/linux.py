@@ -193,3 +193,13 @@ def fork_into_new_pid_namespace() -> int:
         errno = ctypes.get_errno()
         raise OSError(errno, f"clone: {os.strerror(errno)}")
     return int(pid)
+
+
+def initial_user_namespace() -> bool:
+    """Whether this process is in the initial user namespace (its uid map is the
+    identity of every uid): only there does root hold ``trusted.*`` attributes."""
+    try:
+        with open("/proc/self/uid_map") as handle:
+            return handle.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False

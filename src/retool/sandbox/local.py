@@ -333,6 +333,7 @@ class LocalSandbox:
                 sys.executable,
                 "-I",  # no PYTHON* variables, no cwd or script dir on sys.path
                 "-S",  # no site: no .pth file (an editable install) adds our checkout
+                "-B",  # no .pyc of the runtime copy: it would record the work directory
                 "-c",
                 _SERVER_BOOT,
                 boot_path,

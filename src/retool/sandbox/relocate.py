@@ -52,6 +52,7 @@ server's runtime copy.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import importlib.util
@@ -59,16 +60,19 @@ import json
 import marshal
 import os
 import re
+import shutil
 import stat
 import sys
+import time
 from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
-FORMAT = 2  # bump when the layer's contents change meaning: old caches are rebuilt
+FORMAT = 3  # bump when the layer's contents change meaning: old caches are rebuilt
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _PYC_HEADER = 16
 _MAX_SCAN_BYTES = 256 << 20  # larger files of the interpreter's tree are not read
+_RECENT_NS = 2_000_000_000  # mtimes this close to a scan are not trusted (as git does)
 
 
 def cache_root() -> str:
@@ -128,8 +132,10 @@ class Relocation:
             target = self.pairs[host.decode()].encode()
             tail = os.path.basename(host)
             if len(target) + 1 + len(tail) > len(host):
-                kept += 1
-                return host
+                if len(target) > len(host):
+                    kept += 1
+                    return host
+                tail = b""  # no room for the tail: the prefix's own bytes, padded
             return target + b"/" * (len(host) - len(target) - len(tail)) + tail
 
         return self._pattern.sub(same_length, data), kept
@@ -178,7 +184,10 @@ def relocate_pyc(data: bytes, relocation: Relocation) -> bytes | None:
         return None
     if not isinstance(code, CodeType):
         return None
-    return data[:_PYC_HEADER] + marshal.dumps(_relocate_code(code, relocation.string))
+    moved = data[:_PYC_HEADER] + marshal.dumps(_relocate_code(code, relocation.string))
+    # A host path in a spelling the rules do not move (not a whole component, in a
+    # type of constant they do not visit): left out, so the source compiles instead.
+    return None if relocation.names_host(moved) else moved
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -199,36 +208,47 @@ def _write_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def _make_opaque(path: str) -> None:
-    """Mark ``path`` opaque for overlayfs: the trusted name (read by a mount in the
-    initial user namespace; needs root there) and the user name (read by a mount
-    with ``userxattr``, as in a non-root server's namespace). At least one must stick."""
-    stuck = []
-    for name in OPAQUE_XATTRS:
-        try:
-            os.setxattr(path, name, b"y")
-            stuck.append(name)
-        except OSError as exc:
-            error = exc
-    if not stuck:
-        raise error
+def _make_opaque(path: str, name: str) -> None:
+    """Mark ``path`` opaque for overlayfs under ``name``: the one the mount reads
+    (``trusted.overlay.opaque`` in the initial user namespace, ``user.overlay.opaque``
+    with ``userxattr``). Raises ``OSError`` where it cannot be set."""
+    os.setxattr(path, name, b"y")
 
 
 class _Build:
     """One refresh of one layer (see ``refresh``)."""
 
-    def __init__(self, source: str, tree: str, relocation: Relocation, hide: list[str]) -> None:
+    def __init__(
+        self, source: str, tree: str, relocation: Relocation, hide: list[str], opaque: str
+    ) -> None:
         self.source, self.tree, self.relocation = source, tree, relocation
         self.hide = set(hide)  # relative directories shown empty
+        self.opaque = opaque  # the extended attribute the mount reads
         self.rewritten = 0
-        self.dropped = 0  # compiled files left out (another version's, or unloadable)
+        self.dropped = 0  # compiled files left out (another version's, unloadable, editable)
 
     def layer_dir(self, rel: str, opaque: bool) -> str:
+        """The layer's directory ``rel``; an opaque one appears already marked (built
+        under a temporary name), so a server that has the layer mounted never sees
+        it unmarked, with the host's files showing through."""
         path = os.path.join(self.tree, rel) if rel else self.tree
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        os.chmod(path, 0o755)
-        if opaque:
-            _make_opaque(path)
+        if os.path.isdir(path):
+            if opaque:
+                _make_opaque(path, self.opaque)
+            return path
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if not opaque:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            return path
+        tmp = f"{path}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp, 0o755)
+        try:
+            _make_opaque(tmp, self.opaque)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return path
 
     def pycache(self, rel: str) -> None:
@@ -237,6 +257,9 @@ class _Build:
         wanted = set()
         for entry in os.scandir(os.path.join(self.source, rel)):
             if not entry.name.endswith(".pyc") or not entry.is_file(follow_symlinks=False):
+                continue
+            if entry.name.startswith("__editable__"):  # its finder holds the checkout
+                self.dropped += 1
                 continue
             try:
                 with open(entry.path, "rb") as handle:
@@ -279,21 +302,71 @@ class _Build:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(layer)
             return
-        kept = 0
         if b"\0" in data:
             new, kept = self.relocation.binary(data)
         else:
             new = self.relocation.text(data)
+            kept = 0
+        if self.relocation.names_host(new):  # a spelling the rules did not move: said
+            kept = max(kept, 1)
         self.layer_dir(os.path.dirname(rel), opaque=False)
         _write_atomic(layer, new)
-        os.chmod(layer, stat.S_IMODE(info.st_mode) | 0o444)
+        os.chmod(layer, stat.S_IMODE(info.st_mode))  # no more readable than the host's
         files[rel] = [info.st_mtime_ns, info.st_size, kept]
         self.rewritten += 1
 
 
-def _key(source: str, target: str, hide: list[str]) -> str:
-    text = json.dumps([FORMAT, os.path.realpath(source), target, sorted(hide), sys.version])
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+def _key(source: str, target: str, hide: list[str], relocation: Relocation, opaque: str) -> str:
+    # The spellings of this tree (a second trainer reaching it through another link
+    # gets a layer of its own), not the other pairs: those name per-server directories
+    # (the work directory, the runtime copy), and the key must outlive a server.
+    pairs = sorted(h for h, t in relocation.pairs.items() if t == target)
+    text = json.dumps([FORMAT, os.path.realpath(source), target, sorted(hide), pairs, opaque])
+    return hashlib.sha256((text + sys.version).encode()).hexdigest()[:20]
+
+
+def _private_dir(path: str) -> None:
+    """Create ``path`` (0700) or check it: ours, and writable by nobody else. A root
+    server runs the interpreter it finds in a layer: a directory another user can
+    write would let that user choose what it runs. Raises ``OSError``."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise OSError(errno.EPERM, f"the layer cache {path} is not ours alone (owner or mode)")
+
+
+def prune(root: str | None = None) -> int:
+    """Remove the layers nobody can use again: their tree is gone from the host (an old
+    clone's virtualenv) or they are of another format (an older retool). A layer being
+    built or refreshed (its lock held) is left alone. Returns how many went."""
+    base = root or cache_root()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        home = os.path.join(base, name)
+        try:
+            with open(os.path.join(home, "manifest.json")) as handle:
+                manifest = json.load(handle)
+        except (OSError, ValueError):
+            continue  # being built for the first time, or not ours: not touched
+        if manifest.get("format") == FORMAT and os.path.isdir(str(manifest.get("source"))):
+            continue
+        try:
+            lock_fd = os.open(os.path.join(home, "lock"), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(home, ignore_errors=True)
+            removed += 1
+        except OSError:
+            pass  # in use
+        finally:
+            os.close(lock_fd)
+    return removed
 
 
 def refresh(
@@ -304,6 +377,7 @@ def refresh(
     scrub: bool,
     hide: list[str] = (),  # type: ignore[assignment]
     root: str | None = None,
+    opaque: str = OPAQUE_XATTRS[0],
 ) -> dict[str, Any]:
     """Bring the layer of ``source`` (seen at ``target``) up to date; returns its
     facts: ``tree`` (the directory to stack above ``source``), ``rewritten`` (files
@@ -314,13 +388,20 @@ def refresh(
     ``scrub``: also rewrite non-compiled files naming a host path (the interpreter's
     tree; site-packages hold wheels built elsewhere, whose install metadata naming
     the checkout is masked separately). ``hide``: relative directories shown empty.
-    Raises ``OSError`` (no cache directory, no opaque directories on its file system).
+    ``opaque``: the extended attribute the overlay will read (see ``_make_opaque``).
+    Raises ``OSError`` (no cache directory, one not ours alone, no such attribute on
+    its file system).
     """
+    if opaque not in OPAQUE_XATTRS:
+        raise ValueError(f"opaque must be one of {OPAQUE_XATTRS}")
     hide = [h.strip("/") for h in hide]
-    home = os.path.join(root or cache_root(), _key(source, target, hide))
-    os.makedirs(home, mode=0o700, exist_ok=True)
+    base = root or cache_root()
+    _private_dir(base)
+    home = os.path.join(base, _key(source, target, hide, relocation, opaque))
+    _private_dir(home)
     tree = os.path.join(home, "tree")
     lock_fd = os.open(os.path.join(home, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    umask = os.umask(0o022)  # calls of other uids read the layer: 0755 and 0644 throughout
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a second server waits for the first build
         manifest_path = os.path.join(home, "manifest.json")
@@ -333,7 +414,8 @@ def refresh(
             manifest = {}  # a layer deleted under its manifest is rebuilt whole
         old_dirs: dict[str, int] = manifest.get("dirs", {})
         files: dict[str, list[int]] = manifest.get("files", {})
-        build = _Build(source, tree, relocation, hide)
+        build = _Build(source, tree, relocation, hide, opaque)
+        started_ns = time.time_ns()
         build.layer_dir("", opaque=False)
         if scrub:  # binaries keep the host path's last component: make it name the tree
             for name in tail_links(relocation, target):
@@ -355,21 +437,33 @@ def refresh(
                 continue
             if not stat.S_ISDIR(info.st_mode):
                 continue
-            dirs[rel] = info.st_mtime_ns
+            # A directory changed within the clock's resolution of this scan may change
+            # again unseen under the same mtime: recorded as unknown, rescanned next time.
+            recent = info.st_mtime_ns > started_ns - _RECENT_NS
+            dirs[rel] = -1 if recent else info.st_mtime_ns
             if rel in hide:
                 build.layer_dir(rel, opaque=True)
                 continue
             if old_dirs.get(rel) == info.st_mtime_ns:
                 stack.extend(children.get(rel, ()))
                 continue
-            entries = [
-                e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)
-            ]  # a changed listing: its subdirectories as they are now
-            stack.extend(os.path.join(rel, e.name) if rel else e.name for e in entries)
+            entries = list(os.scandir(path))  # a changed listing: as it is now
+            subdirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            now = [os.path.join(rel, name) if rel else name for name in subdirs]
+            stack.extend(now)
+            # Gone from the host: gone from the layer, whole (a directory left there
+            # would import as an empty namespace package).
+            for gone in set(children.get(rel, ())) - set(now):
+                shutil.rmtree(os.path.join(tree, gone), ignore_errors=True)
             if os.path.basename(rel) == "__pycache__":
                 build.pycache(rel)
-            elif scrub:
+                continue
+            if scrub:
                 build.scrub(rel, files)
+            if "__pycache__" not in subdirs and any(e.name.endswith(".py") for e in entries):
+                # Python may compile here later (an installer that did not): the empty
+                # opaque directory hides what it writes until a refresh rewrites it.
+                build.layer_dir(os.path.join(rel, "__pycache__"), opaque=True)
         if scrub:  # a file rewritten in place keeps its directory's mtime
             for rel, (mtime, size, _kept) in list(files.items()):
                 try:
@@ -379,11 +473,6 @@ def refresh(
                     same = False
                 if not same:
                     build.scrub_file(rel, files)
-        for rel in set(old_dirs) - set(dirs):  # gone from the host: gone from the layer
-            layer = os.path.join(tree, rel)
-            if os.path.basename(rel) == "__pycache__" and os.path.isdir(layer):
-                for name in os.listdir(layer):
-                    os.unlink(os.path.join(layer, name))
         if build.rewritten or dirs != old_dirs or not manifest:
             manifest = {"format": FORMAT, "source": source, "target": target}
             manifest.update(dirs=dirs, files=files)
@@ -396,4 +485,5 @@ def refresh(
             "files": len(files),
         }
     finally:
+        os.umask(umask)
         os.close(lock_fd)

@@ -1028,8 +1028,6 @@ RELOCATED_LAYER = (
 def relocated_layer(facts: dict[str, Any]) -> str:
     """The layer's line for ``retool sandbox check``, with what the refresh did."""
     line = f"{RELOCATED_LAYER}; {facts['files']} other files rewritten"
-    if facts.get("kept"):
-        line += f", {facts['kept']} binaries keep a short build prefix"
     if facts.get("rewritten"):
         line += f"; this start rewrote {facts['rewritten']} (cached for the next)"
     return line
@@ -1124,22 +1122,45 @@ def _shared(path: str) -> bool:
     return real == "/" or any(real == t or real.startswith(t + "/") for t in _SHARED_TREES)
 
 
+def hidden_site_packages(base: str) -> list[str]:
+    """The interpreter's own site-packages (relative to ``base``), which its layer hides:
+    site trees are mounted on their own, and what else is installed there is no call's."""
+    packages = glob.glob(os.path.join(base, "lib*", "python*", "*-packages"))
+    return [os.path.relpath(p, base) for p in packages]
+
+
+def _opaque_marks_hold(base: str, hidden: list[str]) -> bool:
+    """Whether the mounted interpreter shows its hidden site-packages empty (where the
+    host's is not): the overlay reads the layer's opaque marks."""
+    for rel in hidden:
+        with contextlib.suppress(OSError):
+            if os.listdir(os.path.join(base, rel)):
+                return not os.listdir(os.path.join(NEUTRAL_PYTHON, rel))
+    return True
+
+
 def relocated_layers(
-    base: str, sites: list[tuple[str, str]], mapping: dict[str, str], cache: str | None = None
+    base: str,
+    sites: list[tuple[str, str]],
+    mapping: dict[str, str],
+    cache: str | None = None,
+    opaque: str = relocate.OPAQUE_XATTRS[0],
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Refresh the relocated layers (see relocate.py) of the interpreter at ``base``
     and of each ``(site directory, neutral path)``; returns {source: layer tree} and
     their summed facts. Raises ``OSError``."""
     moved = relocate.Relocation({h: t for h, t in mapping.items() if not _shared(h)})
-    packages = glob.glob(os.path.join(base, "lib*", "python*", "*-packages"))
-    hidden = [os.path.relpath(p, base) for p in packages]  # site trees mount on their own
+    hidden = hidden_site_packages(base)
+    relocate.prune(cache)  # an old clone's or an older format's layers
     trees: dict[str, str] = {}
     facts = {"rewritten": 0, "kept": 0, "dropped": 0, "files": 0}
     jobs = [(base, NEUTRAL_PYTHON, True, hidden), *((s, t, False, []) for s, t in sites)]
     for source, target, scrub, hide in jobs:
         if _shared(source):
             continue  # the OS's own tree (a system Python): its paths name no trainer
-        done = relocate.refresh(source, target, moved, scrub=scrub, hide=hide, root=cache)
+        done = relocate.refresh(
+            source, target, moved, scrub=scrub, hide=hide, root=cache, opaque=opaque
+        )
         trees[source] = done.pop("tree")
         for key, value in done.items():
             facts[key] += value
@@ -1193,11 +1214,12 @@ def neutral_layout(
     if relocated:
         mapping = dict(zip(sources, targets, strict=True))
         mapping[real_workdir] = NEUTRAL_WORK
+        opaque = relocate.OPAQUE_XATTRS[1 if userxattr else 0]
         try:
             site_trees = list(zip(sources[2:], targets[2:], strict=True))
-            trees, facts = relocated_layers(base, site_trees, mapping, cache)
-        except OSError as exc:
-            facts = {"error": f"{exc.strerror or exc}"}
+            trees, facts = relocated_layers(base, site_trees, mapping, cache, opaque)
+        except Exception as exc:  # no layer is a missing layer, not a failed start
+            facts = {"error": f"{getattr(exc, 'strerror', None) or exc}"}
     else:
         facts = {"error": "disabled"}
     fds = [os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for s in [workdir, *sources]]
@@ -1209,7 +1231,8 @@ def neutral_layout(
         os.open(trees[s], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if s in trees else None
         for s in sources
     ]
-    try:
+
+    def mount_all(layers: list[int | None]) -> None:
         linux.mount(
             "tmpfs",
             NEUTRAL_ROOT,
@@ -1220,11 +1243,20 @@ def neutral_layout(
         os.makedirs(_EMPTY)
         os.makedirs(NEUTRAL_WORK)
         linux.mount(f"/proc/self/fd/{fds[0]}", NEUTRAL_WORK, None, linux.MS_BIND)
-        for fd, layer_fd, target in zip(fds[1:], layer_fds, targets, strict=True):
+        for fd, layer_fd, target in zip(fds[1:], layers, targets, strict=True):
             _neutral_mount(fd, target, layer_fd, userxattr)
         for key, fd in cgroup_fds.items():
             os.makedirs(f"{NEUTRAL_CGROUP}/{key}")
             linux.mount(f"/proc/self/fd/{fd}", f"{NEUTRAL_CGROUP}/{key}", None, linux.MS_BIND)
+
+    try:
+        mount_all(layer_fds)
+        if trees and not _opaque_marks_hold(base, hidden_site_packages(base)):
+            # The overlay did not read the layer's marks (a file system or user
+            # namespace that hides them): the host's files would show through.
+            linux.umount2(NEUTRAL_ROOT, linux.MNT_DETACH)
+            facts = {"error": "the overlay ignored the layer's opaque marks"}
+            mount_all([None] * len(layer_fds))
     except OSError:
         # No overlays here (an old kernel, a container refusing them): the host's /opt,
         # which may hold the interpreter (/opt/conda), comes back with everything on it.
@@ -1513,7 +1545,7 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
         executable, boot_path, libs, work, relocated = neutral_layout(
             args.dir,
             args.boot_path,
-            userxattr=not real_root,
+            userxattr=not (real_root and linux.initial_user_namespace()),
             relocated="relocate" not in disabled,
             cache=args.layer_cache or None,
             cgroup_dirs=None if group is None else group.dirs,
@@ -1525,7 +1557,7 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
     if group is not None:
         state["group"] = {key: f"{NEUTRAL_CGROUP}/{key}" for key in group.dirs}
     os.set_inheritable(alive_w, True)  # the reaper's sign that the server is alive
-    argv = [executable, "-I", "-S", "-c", _SERVER_BOOT, boot_path]
+    argv = [executable, "-I", "-S", "-B", "-c", _SERVER_BOOT, boot_path]
     argv += ["--dir", work, "--preload", args.preload, "--isolation", args.isolation]
     argv += ["--memory-mb", str(args.memory_mb), "--boot-path", boot_path]
     argv += ["--disable", args.disable, "--resume", json.dumps(state)]
@@ -1615,6 +1647,11 @@ def _serve(args: argparse.Namespace, disabled: set[str], state: dict[str, Any]) 
             missing.append(f"{RELOCATED_LAYER} ({relocated['error']})")
         else:
             call_layer_list.append(relocated_layer(relocated))
+            if relocated.get("kept"):
+                missing.append(
+                    f"{RELOCATED_LAYER}, in part ({relocated['kept']} files still name a host "
+                    "path: a prefix shorter than its neutral path, or a spelling not moved)"
+                )
     ready = {
         "level": level,
         "layers": [*call_layer_list, *layers],  # and the round-three CPU/init/verdicts
