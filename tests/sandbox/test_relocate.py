@@ -453,21 +453,10 @@ def test_the_layer_outlives_the_server_that_built_it(tmp_path):
 
 def test_layers_of_trees_that_are_gone_are_pruned(tmp_path):
     cache = str(tmp_path / "c")
-    kept_site = _tree(tmp_path / "kept")
-    gone_site = _tree(tmp_path / "gone")
-    kept = refresh(
-        str(kept_site),
-        "/opt/site",
-        Relocation({str(kept_site): "/opt/site"}),
-        scrub=False,
-        root=cache,
-    )
-    gone = refresh(
-        str(gone_site),
-        "/opt/site",
-        Relocation({str(gone_site): "/opt/site"}),
-        scrub=False,
-        root=cache,
+    kept_site, gone_site = _tree(tmp_path / "kept"), _tree(tmp_path / "gone")
+    kept, gone = (
+        refresh(str(p), "/opt/site", Relocation({str(p): "/opt/site"}), scrub=False, root=cache)
+        for p in (kept_site, gone_site)
     )
     shutil.rmtree(gone_site)
     assert relocate.prune(cache) == 1
