@@ -28,9 +28,9 @@ What this module builds, once per (source tree, neutral path) and cached under
   component, which the layer links to ``.``: ``/opt/python//////3.11.7/lib``
   names ``/opt/python/lib``), so no offset in an ELF file moves and no string
   the linker merged into the prefix's tail changes. Where the
-  neutral path is longer than the host's (an interpreter under ``/usr``, a
-  standard path that reveals nothing) binaries keep it, and the layer says how
-  many;
+  neutral path is longer than the host's, binaries keep it, and the server lists
+  the layer as missing in part (an interpreter under ``/usr``, the OS's own, gets
+  no layer at all);
 * the interpreter's own ``site-packages`` as an empty opaque directory when it
   is not one of the server's import paths (it is then mounted as a site tree of
   its own): what is installed there is no business of a call.
@@ -218,11 +218,8 @@ def _make_opaque(path: str, name: str) -> None:
 class _Build:
     """One refresh of one layer (see ``refresh``)."""
 
-    def __init__(
-        self, source: str, tree: str, relocation: Relocation, hide: list[str], opaque: str
-    ) -> None:
+    def __init__(self, source: str, tree: str, relocation: Relocation, opaque: str) -> None:
         self.source, self.tree, self.relocation = source, tree, relocation
-        self.hide = set(hide)  # relative directories shown empty
         self.opaque = opaque  # the extended attribute the mount reads
         self.rewritten = 0
         self.dropped = 0  # compiled files left out (another version's, unloadable, editable)
@@ -414,7 +411,7 @@ def refresh(
             manifest = {}  # a layer deleted under its manifest is rebuilt whole
         old_dirs: dict[str, int] = manifest.get("dirs", {})
         files: dict[str, list[int]] = manifest.get("files", {})
-        build = _Build(source, tree, relocation, hide, opaque)
+        build = _Build(source, tree, relocation, opaque)
         started_ns = time.time_ns()
         build.layer_dir("", opaque=False)
         if scrub:  # binaries keep the host path's last component: make it name the tree
