@@ -56,6 +56,24 @@ def test_auto_chooses_per_role_from_the_timings():
     assert Numerics.from_dict(numerics.to_dict()) == numerics
 
 
+def test_the_trainer_is_timed_without_the_head_which_stays_float32():
+    seen = []
+
+    def timer(shapes, rows, dtype, give_up_after):
+        seen.append((rows, shapes.vocab))
+        return (1.0 if dtype == "float32" else 0.25), True
+
+    numerics = resolve_numerics("auto", SMOLLM2, Workload(16, 4096), timer=timer, host=HOST)
+    assert seen == [(16, SMOLLM2.vocab), (16, SMOLLM2.vocab), (4096, 0), (4096, 0)]
+    assert numerics.trainer == "bfloat16"
+    # tiny-random: a 49,152-word head on a 64-wide decoder. Without its head the trainer
+    # is microseconds of work, so it stays float32 unmeasured on every host.
+    tiny = ModelShapes(hidden=64, intermediate=128, kv=32, vocab=49152, layers=2)
+    seen.clear()
+    numerics = resolve_numerics("auto", tiny, Workload(32, 4096), timer=timer, host=HOST)
+    assert (numerics.sampler, numerics.trainer) == ("float32", "float32") and seen == []
+
+
 def test_auto_never_picks_bf16_on_noise_and_explicit_values_are_not_measured():
     timer, calls = _timer({32: 1.1, 4096: 1.15})
     numerics = resolve_numerics("auto", SMOLLM2, Workload(32, 4096), timer=timer, host=HOST)
@@ -170,6 +188,9 @@ def test_bf16_training_matches_float32_within_tolerance(tmp_path, full):
     assert float(g16.norm() / g32.norm()) == pytest.approx(1.0, abs=0.05)
     bf16.optim_step(AdamParams(learning_rate=1e-3)).result()
     assert all(p.dtype == torch.float32 for p in bf16._params)
+    frozen = {p.dtype for p in bf16.model.parameters() if not p.requires_grad}
+    # LoRA: the frozen base is held in bf16 (no master needed); full: nothing is frozen
+    assert frozen == (set() if full else {torch.bfloat16})
     state = bf16._optimizer.state[bf16._params[0]]
     assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
 

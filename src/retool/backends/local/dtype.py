@@ -10,9 +10,10 @@ one-token forward at its decode batch (questions x group size, at most the
 samples in flight), against a bf16 copy (a decode step is bound by reading
 the weights, which only the real model shows: on this AVX2 host single cached
 matrices at 16 rows looked 2x faster in bf16 while the model was slower); for
-the trainer, the model's projections (hidden, intermediate, key/value and
-vocabulary sizes from its config) with ``F.linear`` at the micro-batch's
-positions (compute-bound, so one matrix per shape is representative).
+the trainer, the decoder's projections (hidden, intermediate and key/value
+sizes from its config; not the output head, whose logits a bf16 trainer
+computes in float32 too) with ``F.linear`` at the micro-batch's positions
+(compute-bound, so one matrix per shape is representative).
 ``retool doctor``, which loads no weights, times projections for both roles.
 A role gets bf16 only when it is at least :data:`BF16_MARGIN` times faster,
 so timing noise can never make a run slower than float32.
@@ -37,7 +38,14 @@ keeps its old meaning (the model held in float16 for both roles). What bf16
 means per role: the sampler holds its weights in bf16 (logits and
 log-softmax in float32); the trainer keeps float32 master weights and
 optimizer state and runs the decoder under ``torch.autocast(bfloat16)``, with
-the output head and log-softmax in float32 (``losses.chunked_target_logprobs``).
+the output head's logits and log-softmax in float32
+(``losses.chunked_target_logprobs``). A LoRA trainer holds its *frozen* base
+weights in bf16 (:func:`frozen_in_bfloat16`): they are never updated, so they
+need no float32 master, and autocast would otherwise cast every one of them
+(and the float32 residual stream around it) in every forward and recompute:
+on an AMX host that copying was a fifth of a bf16 ``forward_backward``.
+Sampling snapshots then merge into the same rounded base, so a bf16 sampler
+and a bf16 trainer hold identical weights.
 
 :func:`choose_dtype` and :func:`resolve_numerics` take injected timings, so the
 choice is unit-tested without a clock.
@@ -45,6 +53,7 @@ choice is unit-tested without a clock.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import time
@@ -93,7 +102,18 @@ class ModelShapes:
         """``(in, out, calls per forward)``: q, k, v, o, gate, up, down per layer; the head."""
         h, i, kv, n = self.hidden, self.intermediate, self.kv, self.layers
         shapes = [(h, h, 2.0 * n), (h, kv, 2.0 * n), (h, i, 2.0 * n), (i, h, 1.0 * n)]
-        return [*shapes, (h, self.vocab, 1.0)]
+        return [*shapes, (h, self.vocab, 1.0)] if self.vocab else shapes
+
+    def decoder_only(self) -> ModelShapes:
+        """These shapes without the output head (``vocab = 0``): what a trainer's dtype changes.
+
+        A bf16 trainer computes the head's logits in float32 all the same
+        (``losses.chunked_target_logprobs``), so timing the head in bf16 would
+        credit bf16 with a speed-up it never gets, and for ``tiny-random`` (a
+        49,152-word head on a 64-wide model) it would make a test model's
+        trainer look worth measuring.
+        """
+        return dataclasses.replace(self, vocab=0)
 
 
 @dataclass(frozen=True)
@@ -370,12 +390,13 @@ def resolve_numerics(
     )
     found: list[RoleTiming] = []
     for role, rows in (("sampler", workload.decode_rows), ("trainer", workload.train_rows)):
-        if shapes.flops(rows) < MIN_FLOP:  # microseconds of work: noise would decide
+        role_shapes = shapes if role == "sampler" else shapes.decoder_only()
+        if role_shapes.flops(rows) < MIN_FLOP:  # microseconds of work: noise would decide
             found.append(RoleTiming(role, rows, 0.0, 0.0, "float32", True))
             continue
         role_measure = sampler_timer if role == "sampler" and sampler_timer else measure
-        fp32, _ = role_measure(shapes, rows, "float32", None)
-        bf16, complete = role_measure(shapes, rows, "bfloat16", fp32)
+        fp32, _ = role_measure(role_shapes, rows, "float32", None)
+        bf16, complete = role_measure(role_shapes, rows, "bfloat16", fp32)
         chosen = choose_dtype(fp32, bf16) if complete else "float32"
         found.append(RoleTiming(role, rows, fp32, bf16, chosen, not complete))
     numerics = Numerics("auto", found[0].chosen, found[1].chosen, tuple(found), info)
@@ -385,3 +406,21 @@ def resolve_numerics(
 
 
 _MEASURED: dict[tuple[ModelShapes, Workload, str, bool], Numerics] = {}
+
+
+def frozen_in_bfloat16(model: Any) -> int:
+    """Hold every frozen parameter and buffer of ``model`` in bf16; returns how many.
+
+    For a LoRA trainer under a bf16 autocast: the trainable adapter weights
+    stay float32 (their master copy, which AdamW updates); the frozen base,
+    tied output head included, is rounded to bf16 once instead of being cast
+    in every forward. Floating buffers (rotary frequencies) stay float32.
+    """
+    import torch
+
+    count = 0
+    for param in model.parameters():
+        if not param.requires_grad and param.dtype == torch.float32:
+            param.data = param.data.to(torch.bfloat16)
+            count += 1
+    return count

@@ -28,7 +28,9 @@ def _lean_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torc
     a = self.lora_A[name].weight
     b = self.lora_B[name].weight
     base = self.base_layer(x)
-    low = F.linear(x.to(a.dtype), a)
+    # Under autocast F.linear casts x itself (to bf16): a cast to a's float32 first would
+    # only copy the activations twice.
+    low = F.linear(x if torch.is_autocast_enabled(x.device.type) else x.to(a.dtype), a)
     flat = torch.addmm(
         base.reshape(-1, base.shape[-1]),
         low.reshape(-1, low.shape[-1]),

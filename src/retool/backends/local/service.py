@@ -18,6 +18,7 @@ from retool.backends.local.dtype import (
     ModelShapes,
     Numerics,
     Workload,
+    frozen_in_bfloat16,
     resolve_numerics,
     time_model_decode,
 )
@@ -158,6 +159,8 @@ class LocalServiceClient:
             task_type="CAUSAL_LM",
         )
         peft_model = run_in_worker(lambda: get_peft_model(model, config))
+        if self._role_dtypes()[0] is not None:
+            frozen_in_bfloat16(peft_model)
         return self._trainer(peft_model, base_model, spec)
 
     def create_training_client(
