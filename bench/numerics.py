@@ -2,6 +2,7 @@
 
     flock /tmp/retool-bench.lock .venv/bin/python bench/numerics.py \
         [--new-tokens 32] [--train-rows 4 --train-tokens 256] [--rl-steps 1] [--skip-rl]
+        [--init-from runs/demo-.../sft] [--full-step]
 
 All in one run, on smollm2-135m-instruct (LoRA r=16), each dtype through the
 local backend's own paths (``model.dtype = "float32"`` / ``"bfloat16"``: a bf16
@@ -20,7 +21,9 @@ float32 master weights and a float32 head):
    bf16 sampler with an fp32 trainer;
 5. ``--rl-steps`` RL steps of ``configs/demo.toml`` (reduced with ``--set``
    defaults below so a bf16 step on a host without fast bf16 stays short),
-   per dtype: ``time/step_s`` and its rollout and training phases.
+   per dtype: ``time/step_s`` and its rollout and training phases (from
+   ``--init-from``, an SFT checkpoint, so that the steps train: the base model
+   never answers, every group scores alike and nothing trains).
 
 Prints every bf16/fp32 ratio, and which case it measured: on a host where
 ``auto`` picks float32 the issue's 2x/3x targets do not apply (the ratios show
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -165,17 +169,30 @@ def train_rate(trainer, rows: int, tokens: int) -> float:
     return rows * tokens / statistics.median(seconds)
 
 
-def rl_steps(dtype: str, steps: int) -> dict[str, float]:
+def rl_steps(dtype: str, steps: int, init_from: str | None, full: bool) -> dict[str, float]:
+    """Mean per-step figures of ``steps`` RL steps of the demo config in ``dtype``.
+
+    From the base model every group scores alike (it never answers), so nothing
+    trains and a step is its rollout; ``init_from`` (an SFT checkpoint, e.g. a
+    demo's ``sft`` run directory) gives steps that train. ``full`` runs the
+    demo's own step (4 questions x 4 samples, its token budgets) instead of the
+    reduced one.
+    """
     from retool.config import load_config
     from retool.training.loop import train
 
-    settings = [*RL_SETTINGS, f"train.steps={steps}", f"model.dtype={dtype}"]
+    reduced = ["train.save_every=0"] if full else RL_SETTINGS
+    settings = [*reduced, f"train.steps={steps}", f"model.dtype={dtype}"]
     config = load_config("configs/demo.toml", settings)
     with tempfile.TemporaryDirectory(prefix="bench-numerics-") as scratch:
-        run = train(config, run_dir=str(Path(scratch) / "run"), progress=False)
+        run = train(config, run_dir=str(Path(scratch) / "run"), init_from=init_from, progress=False)
         metrics = run.metrics()
     keys = ("time/step_s", "time/rollout_s", "time/training_s", "train/sampler_kl")
-    return {k: statistics.mean(m[k] for m in metrics if k in m) for k in keys}
+    out = {k: statistics.mean(m[k] for m in metrics if k in m) for k in keys[:3]}
+    kls = [m["train/sampler_kl"] for m in metrics if "train/sampler_kl" in m]
+    out["train/sampler_kl"] = statistics.mean(kls) if kls else math.nan  # nothing trained
+    out["trained_steps"] = float(len(kls))
+    return out
 
 
 def main() -> None:
@@ -185,6 +202,14 @@ def main() -> None:
     parser.add_argument("--train-tokens", type=int, default=256)
     parser.add_argument("--rl-steps", type=int, default=1)
     parser.add_argument("--skip-rl", action="store_true")
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        help="RL steps from this checkpoint (e.g. a demo's sft run directory), so they train",
+    )
+    parser.add_argument(
+        "--full-step", action="store_true", help="the demo's own RL step, not the reduced one"
+    )
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
 
@@ -230,12 +255,12 @@ def main() -> None:
         print(f"sampler_kl {name}: {value:+.2e}", flush=True)
     if not args.skip_rl:
         for dtype in ("float32", "bfloat16"):
-            figures[dtype].update(rl_steps(dtype, args.rl_steps))
+            figures[dtype].update(rl_steps(dtype, args.rl_steps, args.init_from, args.full_step))
             f = figures[dtype]
             print(
                 f"{dtype:<10} RL step {f['time/step_s']:.1f}s (rollout {f['time/rollout_s']:.1f}s, "
-                f"training {f['time/training_s']:.1f}s), train/sampler_kl "
-                f"{f['train/sampler_kl']:+.2e}",
+                f"training {f['time/training_s']:.1f}s; {f['trained_steps']:.0f} of "
+                f"{args.rl_steps} steps trained), train/sampler_kl {f['train/sampler_kl']:+.2e}",
                 flush=True,
             )
     fp32, bf16 = figures["float32"], figures["bfloat16"]

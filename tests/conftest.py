@@ -34,7 +34,8 @@ def smol_tokenizer():
 def service(tmp_path_factory):
     from retool.backends.local import LocalServiceClient
 
-    return LocalServiceClient(checkpoint_root=tmp_path_factory.mktemp("ckpt"))
+    # float32 on every host: the tests hold float32's contracts (test_dtype.py tests bf16)
+    return LocalServiceClient(dtype="float32", checkpoint_root=tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture(scope="module")

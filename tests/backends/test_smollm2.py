@@ -10,7 +10,8 @@ from retool.types import ModelInput, SamplingParams
 
 @pytest.mark.slow
 def test_chat_prompt_sample_and_logprob_agreement(tmp_path):
-    service = LocalServiceClient(checkpoint_root=tmp_path)
+    # float32: the 1e-4 logprob contract is float32's (auto picks bf16 on an AMX host)
+    service = LocalServiceClient(dtype="float32", checkpoint_root=tmp_path)
     client = service.create_sampling_client(base_model="smollm2-135m-instruct")
     try:
         tokenizer = client.get_tokenizer()

@@ -31,6 +31,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 _SCRIPT = Path(sys.executable).with_name("retool")
 RETOOL = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "retool"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -168,6 +170,7 @@ def _run(kind: str, signum: int, work: Path, tmp: Path) -> str | None:
     return None
 
 
+@pytest.mark.slow  # runs many processes: started first under workers
 def test_signals_while_sampling_exit_cleanly(tmp_path):
     runs = [(k, s) for k in ("rollout", "eval") for s in (signal.SIGINT, signal.SIGTERM)]
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:

@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from retool.config import load_config
 from retool.data.examples import MathExample
 from retool.diagnostics.preflight import assess, project_step
@@ -105,6 +107,7 @@ def test_projection_scales_to_the_run_and_prices_it(smol_tokenizer):
     assert project_step(result, trained, 2, 4) == report.sample  # the sample's own sizes
 
 
+@pytest.mark.slow  # runs many processes: started first under workers
 def test_console_script_on_tiny_random_from_a_checkpoint(tmp_path):
     from retool.backends.local import LocalServiceClient
 

@@ -135,6 +135,7 @@ def uninterrupted(tmp_path_factory):
     return config, final_weights(tmp / "run", 2)
 
 
+@pytest.mark.slow  # runs many processes: started first under workers
 @pytest.mark.parametrize(
     "kill_at",
     [
@@ -164,6 +165,7 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted, k
         assert step2["train/reused_groups"] == 1
 
 
+@pytest.mark.slow  # runs many processes: started first under workers
 def test_sigterm_saves_the_last_completed_step_and_resume_finishes(tmp_path, uninterrupted):
     import signal
     import time

@@ -53,6 +53,7 @@ def test_sft_steps_lower_the_loss_on_assistant_tokens(setup, tmp_path):
     assert metrics[-1]["train/loss:sum"] < metrics[0]["train/loss:sum"]
 
 
+@pytest.mark.slow  # runs many processes: started first under workers
 @pytest.mark.parametrize("kill_at", ["optim:2"])  # state:2 is covered by the RL test
 def test_sft_kill_and_resume_matches_an_uninterrupted_run(setup, tmp_path, kill_at):
     config, demos, expected = setup

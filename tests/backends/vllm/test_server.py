@@ -56,7 +56,8 @@ def server(tiny_llama, tmp_path_factory):
 def local(tiny_llama, tmp_path_factory):
     from retool.backends.local import LocalServiceClient
 
-    service = LocalServiceClient(checkpoint_root=tmp_path_factory.mktemp("ckpt"))
+    # float32: the logprob contract with vLLM's float32 engine (auto may pick bf16 on AMX)
+    service = LocalServiceClient(dtype="float32", checkpoint_root=tmp_path_factory.mktemp("ckpt"))
     sampler = service.create_sampling_client(base_model=str(tiny_llama))
     yield service, sampler
     sampler.close()
