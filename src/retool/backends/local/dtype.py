@@ -409,12 +409,13 @@ _MEASURED: dict[tuple[ModelShapes, Workload, str, bool], Numerics] = {}
 
 
 def frozen_in_bfloat16(model: Any) -> int:
-    """Hold every frozen parameter and buffer of ``model`` in bf16; returns how many.
+    """Hold every frozen float32 parameter of ``model`` in bf16; returns how many.
 
     For a LoRA trainer under a bf16 autocast: the trainable adapter weights
     stay float32 (their master copy, which AdamW updates); the frozen base,
     tied output head included, is rounded to bf16 once instead of being cast
-    in every forward. Floating buffers (rotary frequencies) stay float32.
+    in every forward. Buffers (rotary frequencies) are not parameters and stay
+    float32.
     """
     import torch
 
