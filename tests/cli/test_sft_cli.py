@@ -56,6 +56,25 @@ def test_make_demos_writes_a_loadable_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.jsonl"]
 
 
+def test_make_demos_failure_share_and_failed_calls_shown_as_context(tmp_path):
+    output = tmp_path / "demos.jsonl"
+    done = _retool(
+        "sft", "make-demos", "--limit", "7", "--failure-share", "1", "--failed-calls", "context",
+        "--output", str(output),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    conversations = load_conversations(output)
+    repaired = [c for c in conversations if c.code_calls == 2]
+    assert len(repaired) >= 6  # every problem whose wrong attempt really fails
+    for conversation in repaired:
+        assert conversation.messages[1]["train"] is False
+        assert all("train" not in m for m in conversation.messages[2:])
+    none = _retool(
+        "sft", "make-demos", "--limit", "7", "--failure-share", "0", "--output", str(output)
+    )
+    assert none.returncode == 0 and "0 of them a failed first call" in none.stdout
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [
@@ -66,6 +85,8 @@ def test_make_demos_writes_a_loadable_file(tmp_path):
         (["--dataset", "data.jsonl", "--output", "{out}"], ["reference solutions"]),
         (["--limit", "0", "--output", "{out}"], ["--limit must be >= 1"]),
         (["--output", "{dir}/missing/x.jsonl"], ["does not exist"]),
+        (["--failure-share", "1.5", "--output", "{out}"], ["--failure-share", "<= 1"]),
+        (["--failed-calls", "skip", "--output", "{out}"], ["--failed-calls", "'skip'"]),
     ],
     ids=[
         "output-dir",
@@ -75,6 +96,8 @@ def test_make_demos_writes_a_loadable_file(tmp_path):
         "not-demo",
         "limit-0",
         "no-parent",
+        "failure-share-above-1",
+        "failed-calls-unknown",
     ],
 )
 def test_make_demos_bad_inputs_are_one_line_and_write_nothing(tmp_path, args, fragments):

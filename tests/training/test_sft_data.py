@@ -119,6 +119,24 @@ DEFECTS = [
         "messages[1].tool_calls: unknown field",
     ),
     ("empty answer", _messages(USER, {**ANSWER, "content": " "}), 1, "messages[1].content"),
+    (
+        "train not a bool",
+        _messages(USER, {**CALL, "train": "no"}, TOOL, ANSWER),
+        1,
+        "messages[1].train: must be true or false, got str",
+    ),
+    (
+        "untrained answer",
+        _messages(USER, CALL, TOOL, {**ANSWER, "train": False}),
+        1,
+        "messages[3].train: the final answer is always trained on",
+    ),
+    (
+        "train on a tool",
+        _messages(USER, CALL, {**TOOL, "train": False}, ANSWER),
+        1,
+        "messages[2].train",
+    ),
     ("empty question", _messages({**USER, "content": ""}, ANSWER), 1, "messages[0].content"),
     ("later line", _line(GOOD) + "\n\n" + _messages(USER, CALL), 3, "messages[1].code"),
     (
@@ -438,6 +456,48 @@ def test_weighted_tokens_spell_the_calls_and_the_answer(smol_tokenizer, dialect_
     unweighted = smol_tokenizer.decode([t for t, w in zip(tokens, weights, strict=True) if not w])
     assert "never closed" in unweighted and "115" in unweighted
     assert "What is the sum of the digits" in unweighted
+
+
+@pytest.mark.parametrize("dialect_name", DIALECTS)
+def test_an_untrained_call_stays_in_the_context_with_weight_zero(smol_tokenizer, dialect_name):
+    dialect = get_protocol(dialect_name)
+    first = dict(THREE_TURNS.messages[1])
+    shown = Conversation(
+        id="shown",
+        messages=(THREE_TURNS.messages[0], {**first, "train": False}, *THREE_TURNS.messages[2:]),
+    )
+    tokens, weights = render_conversation(THREE_TURNS, dialect, smol_tokenizer)
+    shown_tokens, shown_weights = render_conversation(shown, dialect, smol_tokenizer)
+    assert shown_tokens == tokens  # the same context, token for token
+    changed = [i for i, (a, b) in enumerate(zip(weights, shown_weights, strict=True)) if a != b]
+    assert changed and all(weights[i] == 1.0 and shown_weights[i] == 0.0 for i in changed)
+    # exactly the first call's completion lost its weight: it decodes to that call
+    assert changed == list(range(changed[0], changed[-1] + 1))
+    parsed = dialect.parse(smol_tokenizer.decode([tokens[i] for i in changed]))
+    assert parsed.code.rstrip("\n") == first["code"].rstrip("\n")
+    assert sum(shown_weights) == sum(weights) - len(changed)
+    again = Conversation.from_record(json.loads(json.dumps(shown.to_record())))
+    assert again.messages[1]["train"] is False  # survives the file
+
+
+def test_demonstrations_can_show_the_failed_call_without_training_on_it(sandbox):
+    problems = demo_problems("train")[:7]
+    shown = make_demonstrations(
+        problems, sandbox, seed=0, failure_share=1.0, train_failed_calls=False
+    )
+    trained = make_demonstrations(problems, sandbox, seed=0, failure_share=1.0)
+    repaired = 0
+    for a, b in zip(shown, trained, strict=True):
+        flags = [m.get("train") for m in a.messages if m["role"] == "assistant"]
+        if a.code_calls == 2:
+            repaired += 1
+            assert flags == [False, None, None]  # only the failed first call
+        else:
+            assert flags == [None, None]
+        assert all("train" not in m for m in b.messages)
+        stripped = tuple({k: v for k, v in m.items() if k != "train"} for m in a.messages)
+        assert stripped == b.messages  # the same text either way
+    assert repaired >= 6
 
 
 def test_build_sft_datum_is_shifted_once(smol_tokenizer):

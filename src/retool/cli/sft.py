@@ -42,7 +42,13 @@ from retool.errors import ConfigError, DataError
 from retool.sandbox import open_sandbox
 from retool.training.run_dir import released
 from retool.training.sft import run_sft
-from retool.training.sft_data import load_conversations, make_demonstrations, write_conversations
+from retool.training.sft_data import (
+    FAILURE_SHARE,
+    TRAIN_FAILED_CALLS,
+    load_conversations,
+    make_demonstrations,
+    write_conversations,
+)
 
 _RL_ONLY = "`retool sft` trains on demonstrations; this is an RL setting (`retool train`)"
 UNUSED = {
@@ -127,6 +133,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demos.add_argument("--output", required=True, metavar="FILE", help="the JSONL file to write")
     add_number(demos, "--limit", low=1, high=10**7, help="at most N problems (default: all)")
     add_number(demos, "--seed", low=0, high=2**32 - 1, default=0, help="phrasing seed")
+    add_number(
+        demos,
+        "--failure-share",
+        low=0.0,
+        high=1.0,
+        integer=False,
+        default=FAILURE_SHARE,
+        help="share of demonstrations that open with a failed call, its traceback and the fix",
+    )
+    demos.add_argument(
+        "--failed-calls",
+        choices=("train", "context"),
+        default="train" if TRAIN_FAILED_CALLS else "context",
+        help="train: SFT learns to write the failed first call too; context: it is shown "
+        '(marked "train": false) and only the repair and the answer are learned',
+    )
     demos.set_defaults(handler=run_make_demos)
 
 
@@ -171,7 +193,13 @@ def run_make_demos(args: argparse.Namespace) -> int:
         )
     problems = problems[: args.limit]
     with open_sandbox(load_config().sandbox) as sandbox:
-        conversations = make_demonstrations(problems, sandbox, seed=args.seed)
+        conversations = make_demonstrations(
+            problems,
+            sandbox,
+            seed=args.seed,
+            failure_share=args.failure_share,
+            train_failed_calls=args.failed_calls == "train",
+        )
     kept = {c.id for c in conversations}
     skipped = [p.id for p in problems if p.id not in kept]
     if not conversations:

@@ -27,8 +27,11 @@ File format (JSONL, UTF-8, one conversation per line; blank lines are ignored)::
   ``code`` (the answer). This is the only shape a rollout produces: a turn
   without a call ends the trajectory, a turn with one is always answered.
 * ``content`` is a string everywhere; ``code`` (assistant only) a non-empty
-  string. No other keys are accepted, so a typo or an OpenAI-style
-  ``tool_calls`` field fails loudly instead of being ignored.
+  string. ``train`` (assistant messages with ``code`` only, default ``true``):
+  ``false`` keeps the call in the context but gives its tokens weight 0, for a
+  call the model should see answered but not learn to write (a demonstration's
+  failed first attempt). No other keys are accepted, so a typo or an
+  OpenAI-style ``tool_calls`` field fails loudly instead of being ignored.
 * No ``system`` message: the system prompt (rules plus, where the template
   does not show tools, the call format) comes from the dialect at render
   time, as in RL. Storing it would tie the file to one dialect.
@@ -51,7 +54,8 @@ Rendering (:func:`render_conversation`) follows the rollout step by step::
     Cn = encode(answer) + [end-of-turn]       # the sampler emits the end token
 
 Weights are 1 on every ``Ci`` token (the end-of-turn token included: the model
-must learn to stop) and 0 on prompts, template structure and observations.
+must learn to stop), except a call marked ``"train": false``, and 0 on prompts,
+template structure and observations.
 :func:`build_sft_datum` shifts tokens and weights together, once, into a
 ``cross_entropy`` datum (``target_tokens`` and ``weights``).
 
@@ -108,7 +112,7 @@ __all__ = [
 
 ROLES = ("user", "assistant", "tool")
 _MESSAGE_KEYS = {"user": {"role", "content"}, "tool": {"role", "content"}}
-_MESSAGE_KEYS["assistant"] = {"role", "content", "code"}
+_MESSAGE_KEYS["assistant"] = {"role", "content", "code", "train"}
 _RECORD_KEYS = ("id", "messages")
 
 
@@ -196,6 +200,15 @@ def _check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
                 raise DataError(f"{field}.code: must be a string, got {type(code).__name__}")
             if not code.strip():
                 raise DataError(f"{field}.code: empty")
+        if "train" in message:
+            if not isinstance(message["train"], bool):
+                kind = type(message["train"]).__name__
+                raise DataError(f"{field}.train: must be true or false, got {kind}")
+            if "code" not in message and not message["train"]:
+                raise DataError(
+                    f"{field}.train: the final answer is always trained on (false is for "
+                    "a call shown as context, e.g. a failed first attempt)"
+                )
 
         if i == 0:
             if role != "user":
@@ -362,6 +375,7 @@ REPAIR_LEADS = (
     "The interpreter reports an error.",
 )
 FAILURE_SHARE = 0.25  # demonstrations that show a failed first call and its repair
+TRAIN_FAILED_CALLS = True  # whether SFT learns to write the failed call, or only sees it
 
 
 def _final_answer(rng: random.Random, answer: str) -> str:
@@ -375,6 +389,7 @@ def make_demonstrations(
     sandbox: _Runs,
     seed: int = 0,
     failure_share: float = FAILURE_SHARE,
+    train_failed_calls: bool = TRAIN_FAILED_CALLS,
 ) -> list[Conversation]:
     """One conversation per problem whose reference solution really prints its answer.
 
@@ -386,7 +401,10 @@ def make_demonstrations(
     text whatever subset it is generated in. Problems whose execution fails
     or prints something other than the answer are skipped (``len(problems) -
     len(result)`` of them; their ids are the ones missing from the result).
-    Executions run concurrently, up to ``sandbox.max_workers``.
+    Executions run concurrently, up to ``sandbox.max_workers``. With
+    ``train_failed_calls=False`` the failed first call is marked ``"train":
+    false``: the model sees it answered by its traceback and learns to write
+    only the repair and the answer (the text is the same either way).
     """
     if not 0.0 <= failure_share <= 1.0:
         raise DataError(f"failure_share must be in [0, 1], got {failure_share!r}")
@@ -413,7 +431,8 @@ def make_demonstrations(
         if first is not None and not first.ok:
             repair = f"{rng.choice(REPAIR_LEADS)} {problem.repair}"
             messages += [
-                {"role": "assistant", "content": lead, "code": problem.first_try},
+                {"role": "assistant", "content": lead, "code": problem.first_try}
+                | ({} if train_failed_calls else {"train": False}),
                 {"role": "tool", "content": format_tool_content(first)},
                 {"role": "assistant", "content": repair, "code": problem.solution},
             ]
@@ -520,12 +539,13 @@ def render_conversation(
             why = parsed.error or f"it parses as {parsed.kind} with other code"
             raise DataError(f"{field}.code: cannot be written as one {dialect.name} call ({why})")
         completion = list(tokenizer.encode(text, add_special_tokens=False))
+        weight = 1.0 if message.get("train", True) else 0.0
         calls += 1
         tool = dialect.tool_message(f"code-0-0-{calls}", body[i + 1]["content"])
         next_prompt = dialect.continuation(tokenizer, messages, prompt, completion, tool)
         delta = next_prompt[len(prompt) + len(completion) :]
         tokens.extend(completion)
-        weights.extend([1.0] * len(completion))
+        weights.extend([weight] * len(completion))
         tokens.extend(delta)
         weights.extend([0.0] * len(delta))
         # As the rollout: the assistant message holds the decoded sampled text.
