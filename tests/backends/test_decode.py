@@ -68,6 +68,43 @@ def test_lean_step_equals_hf_forward_over_a_padded_batch(model):
             assert (got2[row] - want.log_softmax(-1)).abs().max() <= 1e-5
 
 
+def test_lean_step_with_a_shared_prefix_equals_hf_forward(model):
+    """Rows that share a prefix read it once (``BatchCache`` holds it apart from their own
+    columns); a row that does not share it is masked off it; both equal HF's forward."""
+    from retool.backends.local.kv import BatchCache
+
+    decoder = lean_decoder_for(model)
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, 40000, (12,), generator=generator).tolist()
+    sequences = [
+        prefix + torch.randint(3, 40000, (n,), generator=generator).tolist() for n in (3, 9, 5)
+    ]
+    sequences.append(torch.randint(3, 40000, (15,), generator=generator).tolist())  # no prefix
+    with torch.no_grad():
+        kvs = []
+        for tokens in sequences:
+            cache = model(input_ids=torch.tensor([tokens[:-1]]), use_cache=True).past_key_values
+            kvs.append([(layer.keys, layer.values) for layer in cache.layers])
+        shared = [(k[:, :, :12], v[:, :, :12]) for k, v in kvs[0]]
+        batch = BatchCache(kvs[0], 4, 16, left=2, spare=3, prefix=(prefix, shared))
+        slots = batch.add([(kv, 1, tokens[:-1]) for kv, tokens in zip(kvs, sequences, strict=True)])
+        assert [s for (s,) in slots] == [0, 1, 2, 3]
+        assert batch.shared[:4].tolist() == [True, True, True, False]
+        tokens = [list(s) for s in sequences]
+        for _ in range(5):  # more steps than the spare columns: the buffers grow once
+            ids = torch.tensor([t[-1] for t in tokens])
+            positions = torch.tensor([len(t) - 1 for t in tokens])
+            mask = batch.step_mask()
+            got = decoder.step(ids, positions, batch.layers, mask, batch.step_prefix())
+            batch.advance()
+            for row, row_tokens in enumerate(tokens):
+                want = model(input_ids=torch.tensor([row_tokens])).logits[0, -1]
+                assert (got[row].log_softmax(-1) - want.log_softmax(-1)).abs().max() <= 1e-5
+            for row, token in enumerate(got.argmax(-1).tolist()):
+                tokens[row].append(token)
+        assert batch.copies == 1
+
+
 def test_other_architectures_fall_back_to_hf():
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel

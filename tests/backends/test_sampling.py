@@ -332,3 +332,60 @@ def test_sample_tokens_top_p_matches_a_full_sort(spread):
             for i in range(8)
         ]
         assert got == want
+
+
+@pytest.mark.parametrize(
+    ("lean", "common"),
+    [(True, 0), (False, 0), (True, 40), (False, 40)],
+    ids=["lean-decode", "hf-forward", "lean-decode-shared-prefix", "hf-forward-shared-prefix"],
+)
+def test_rows_joining_and_leaving_all_the_time_keep_their_policy(service, lean, common):
+    """Requests of many prompt lengths, each submitted the moment an earlier one finishes
+    (as an evaluation does): rows take the slots finished rows freed, longer prompts widen
+    the batch to the left, and every sequence's logprobs still equal ``forward`` on its own
+    tokens, through the lean decode step and through HF's forward over the same cache.
+    ``common``: the prompts start with the same tokens (a system prompt), which the lean
+    step reads once for every row that shares it."""
+    import threading
+
+    template = service.create_sampling_client(base_model="tiny-random")
+    model, tokenizer = template.engine.model, template.engine.tokenizer
+    template.close()
+    engine = SamplingEngine(model, tokenizer, lean_decode=lean)
+    done, lock, results = threading.Event(), threading.Lock(), []
+    head = list(range(2000, 2000 + common))
+    prompts = [head + list(range(100 + i, 108 + 9 * i)) for i in range(10)]
+    queue = list(enumerate(prompts))
+
+    def submit() -> None:
+        with lock:
+            if not queue:
+                return
+            i, prompt = queue.pop(0)
+        params = SamplingParams(max_tokens=6 + 7 * (i % 4), seed=i, temperature=0.9)
+        future = engine.submit(prompt, 1 + i % 3, params)
+        future.add_done_callback(lambda f, p=prompt: finished(f, p))
+
+    def finished(future, prompt) -> None:
+        with lock:
+            results.append((prompt, future.result()))
+            if len(results) == len(prompts):
+                done.set()
+        submit()
+
+    try:
+        for _ in range(4):  # four in flight, then one more as each finishes
+            submit()
+        assert done.wait(120)
+        assert engine.joins == sum(1 + i % 3 for i in range(10)) - sum(
+            s.stop_reason is SamplerStop.STOP and len(s.tokens) == 1
+            for _, r in results
+            for s in r.sequences
+        )
+        assert engine.batch_copies < len(prompts)  # most joins copied nothing
+        assert (engine.prefix_rows > 0) == (lean and common > 0)
+        for prompt, response in results:
+            for sequence in response.sequences:
+                _assert_policy_logprobs(model, prompt, sequence)
+    finally:
+        engine.close()

@@ -10,10 +10,10 @@ that hit a stop token, a stop string or ``max_tokens``. A request's future
 resolves when its last row finishes; finished rows leave their KV in the
 prefix cache for the continuation that usually follows.
 
-Batch bookkeeping copies the KV cache (see ``kv.py``), so it is batched too:
-every request that arrived since the last step is prefilled and then joins
-in one copy, and a finished row stays in the batch, computed and ignored,
-until finished rows are half the batch or a join copies the batch anyway.
+Batch bookkeeping never copies the rows that stay (``kv.BatchCache``): a
+joining row is written into a finished row's slot (or a new one), a finished
+row frees its slot and is computed and ignored until a new row takes it; the
+batch is compacted (one copy) only when free slots outnumber live ones.
 
 Logprobs are the policy's own: ``log_softmax`` of the raw logits at
 temperature 1, with no top-p/top-k filtering, in float32. Temperature, top-k
@@ -61,22 +61,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from retool.backends.local.decode import lean_decoder_for
 from retool.backends.local.kv import (
     KV,
+    BatchCache,
     PrefixCache,
     PrefixStats,
     cache_kv,
     make_cache,
     make_cache_empty,
-    rebuild_batch,
 )
 from retool.backends.local.threads import mark_compute_thread
 from retool.types import SampledSequence, SampleResponse, SamplerStop, SamplingParams
 
 _SEED_STRIDE = 1_000_003
-_SPARE = 256  # cache slots allocated ahead of need (doubling beyond that)
+_SPARE = 256  # batch cache columns allocated ahead of need (a copy every _SPARE steps at most)
+_LEFT = 128  # batch cache columns kept free on the left, for rows longer than every row in it
+_MIN_PREFIX = 32  # a shared prefix shorter than this is not worth its extra products
+_COMPACT_ROWS = 8  # compact the batch (a copy) when free slots outnumber live ones, above this
 _TOP_P_CANDIDATES = 1024  # top-p looks at this many most likely tokens first
 _CLOSE_TIMEOUT_S = 60.0  # longest a close() waits for the step in progress
 
@@ -141,10 +145,10 @@ class SamplingEngine:
         self.max_context_tokens = max_context_tokens
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._rows: list[_Row] = []
-        self._cache: Any = None  # batch DynamicCache: [rows, heads, length, dim] per layer
-        self._valid: torch.Tensor | None = None  # [rows, length] which cache slots are real
-        self._positions: list[int] = []  # next position id of each row
+        self._rows: list[_Row | None] = []  # per batch slot: its row, None when free
+        self._batch: BatchCache | None = None  # the KV of every slot (kv.py)
+        self._hf_cache: DynamicCache | None = None  # the same layers for HF's forward
+        self._positions: list[int] = []  # next position id of each slot
         self._closed = False
         self._run_lock = threading.Lock()  # held while admitting and stepping
         # transformers 5 renamed ``past_key_values`` to ``cache``; accept both.
@@ -153,6 +157,9 @@ class SamplingEngine:
         # The lean decode step for Llama models (None: HF's forward decodes).
         self.decoder = lean_decoder_for(model) if lean_decode else None
         self.steps = 0  # decode steps run
+        self.joins = 0  # rows that joined the batch
+        self.prefix_rows = 0  # of which read a shared prefix kept once for the batch
+        self._copies = 0  # batch cache copies of the batches that have emptied
         self.tokens_generated = 0
         self._torch_threads = torch.get_num_threads()  # the creator's setting, for the thread
         self._thread = threading.Thread(target=self._loop, name="retool-sampler", daemon=True)
@@ -272,7 +279,7 @@ class SamplingEngine:
                     joining.append(group)
         if joining:
             try:
-                self._rebuild(joining)
+                self._join(joining)
             except Exception as exc:
                 self._fail_all(exc)
                 for rows, _ in joining:
@@ -295,9 +302,19 @@ class SamplingEngine:
 
     def _fail_all(self, exc: BaseException) -> None:
         for row in self._rows:
-            if not row.request.future.done():
+            if row is not None and not row.request.future.done():
                 row.request.future.set_exception(exc)
-        self._rows, self._cache, self._valid, self._positions = [], None, None, []
+        self._reset()
+
+    def _reset(self) -> None:
+        if self._batch is not None:
+            self._copies += self._batch.copies
+        self._rows, self._batch, self._hf_cache, self._positions = [], None, None, []
+
+    @property
+    def batch_copies(self) -> int:
+        """How often the batch cache has been copied since the engine started."""
+        return self._copies + (self._batch.copies if self._batch is not None else 0)
 
     # -- prefill --------------------------------------------------------------
     def _forward(self, tokens: list[int], kv: KV | None, start: int) -> tuple[torch.Tensor, KV]:
@@ -358,63 +375,107 @@ class SamplingEngine:
         return (new_rows, kv) if new_rows else None
 
     # -- batch bookkeeping ----------------------------------------------------
-    def _rebuild(self, joining: Sequence[tuple[list[_Row], KV]] = ()) -> None:
-        """Drop the finished rows and append ``joining`` (rows sharing a prompt KV), in one copy."""
-        keep = [i for i, row in enumerate(self._rows) if row.finished is None]
-        self._cache, self._valid = rebuild_batch(
-            self._cache, self._valid, keep, [(kv, len(rows)) for rows, kv in joining], _SPARE
-        )
-        self._rows = [self._rows[i] for i in keep]
-        self._positions = [self._positions[i] for i in keep]
-        for rows, kv in joining:
-            self._rows.extend(rows)
-            self._positions.extend([kv[0][0].shape[2]] * len(rows))
+    def _join(self, joining: Sequence[tuple[list[_Row], KV]] = ()) -> None:
+        """Put ``joining`` (rows sharing a prompt KV) into free batch slots (kv.py)."""
+        groups = [(kv, len(rows), rows[0].request.prompt) for rows, kv in joining]
+        self.joins += sum(n for _, n, _ in groups)
+        if self._batch is None:
+            width = max(kv[0][0].shape[2] for kv, _, _ in groups)
+            count = sum(n for _, n, _ in groups)
+            room = count + min(count, 16)  # slots for rows joining later without a copy
+            self._batch = BatchCache(
+                groups[0][0], room, width, _LEFT, _SPARE, self._shared_prefix(groups)
+            )
+            self._hf_cache = None
+        for (rows, kv), slots in zip(joining, self._batch.add(groups), strict=True):
+            for row, slot in zip(rows, slots, strict=True):
+                while len(self._rows) <= slot:
+                    self._rows.append(None)
+                    self._positions.append(0)
+                self._rows[slot] = row
+                self._positions[slot] = kv[0][0].shape[2]
+                self.prefix_rows += bool(self._batch.shared[slot])
+        self._hf_cache = None  # its view of the layers is rebuilt on use
 
-    def _row_kv(self, i: int) -> KV:
-        """Row ``i``'s KV without its padding: fresh contiguous tensors."""
-        assert self._cache is not None and self._valid is not None
-        columns = self._valid[i].nonzero().squeeze(1)
-        return [
-            (k[i : i + 1].index_select(2, columns), v[i : i + 1].index_select(2, columns))
-            for k, v in cache_kv(self._cache)
-        ]
+    def _shared_prefix(
+        self, groups: Sequence[tuple[KV, int, list[int]]]
+    ) -> tuple[list[int], KV] | None:
+        """The prefix every distinct prompt of a new batch starts with, and its KV; or None.
+
+        Decoded once for all rows by the lean step (``decode.py``); the batch is
+        new, so its prompts are a sample of what follows (an evaluation's or a
+        rollout's prompts share the system prompt and the tool rules). HF's
+        forward cannot read a shared prefix, and one prompt alone says nothing
+        about the next ones, so neither gets one.
+        """
+        prompts = {tuple(tokens) for _, _, tokens in groups}
+        if self.decoder is None or len(prompts) < 2:
+            return None
+        first, *others = prompts
+        common = min(len(p) for p in prompts)
+        for other in others:
+            common = next((i for i in range(common) if first[i] != other[i]), common)
+        if common < _MIN_PREFIX:
+            return None
+        kv = groups[0][0]
+        return list(first[:common]), [(k[:, :, :common], v[:, :, :common]) for k, v in kv]
+
+    def _compact(self) -> None:
+        assert self._batch is not None
+        order = self._batch.compact()
+        self._rows = [self._rows[i] for i in order]
+        self._positions = [self._positions[i] for i in order]
 
     # -- one decode step ------------------------------------------------------
     def _step(self) -> None:
-        assert self._cache is not None and self._valid is not None
-        rows = self._rows
-        ids = torch.tensor([row.tokens[-1] for row in rows], device=self.device)
-        positions = torch.tensor(self._positions, device=self.device)
-        mask = torch.cat(
-            [self._valid, torch.ones(len(rows), 1, dtype=torch.bool, device=self.device)], dim=1
+        batch = self._batch
+        assert batch is not None
+        rows = self._rows[: batch.used]
+        ids = torch.tensor(
+            [row.tokens[-1] if row is not None else 0 for row in rows], device=self.device
         )
-        # The cache grows in place (spare capacity), so a step copies no history.
+        positions = torch.tensor(self._positions[: batch.used], device=self.device)
+        mask = batch.step_mask()
+        # The batch cache has room for this step's column, so a step copies no history.
         if self.decoder is not None:
-            logits = self.decoder.step(ids, positions, self._cache.layers, mask).float()
+            logits = self.decoder.step(
+                ids, positions, batch.layers, mask, batch.step_prefix()
+            ).float()
         else:
+            if self._hf_cache is None:
+                self._hf_cache = DynamicCache()
+                self._hf_cache.layers = batch.layers  # type: ignore[assignment]  # HF's layer API
             out = self.model(
                 input_ids=ids.unsqueeze(1),
                 position_ids=positions.unsqueeze(1),
                 attention_mask=mask.long(),
                 use_cache=True,
-                **{self._cache_kwarg: self._cache},
+                **{self._cache_kwarg: self._hf_cache},
             )
             logits = out.logits[:, -1].float()
-        self._valid = mask
+        batch.advance()
         self._positions = [p + 1 for p in self._positions]
         self.steps += 1
-        live = [i for i, row in enumerate(rows) if row.finished is None]
+        live = [i for i, row in enumerate(rows) if row is not None]
         if len(live) != len(rows):
             logits = logits.index_select(0, torch.tensor(live, device=logits.device))
-        self._advance([rows[i] for i in live], logits)
+        self._advance([row for row in rows if row is not None], logits)
+        finished = []
         for i in live:
-            if rows[i].finished is not None:
-                self._finish(rows[i], self._row_kv(i), owned=True)
-        finished = sum(row.finished is not None for row in rows)
-        if finished == len(rows):
-            self._rows, self._cache, self._valid, self._positions = [], None, None, []
-        elif 2 * finished >= len(rows):
-            self._rebuild()
+            row = rows[i]
+            assert row is not None
+            if row.finished is not None:
+                self._finish(row, batch.row_kv(i), owned=True)
+                self._rows[i] = None
+                finished.append(i)
+        if len(finished) == len(live):
+            self._reset()
+            return
+        if finished:
+            batch.release(finished)
+            del self._rows[batch.used :], self._positions[batch.used :]
+            if batch.used > _COMPACT_ROWS and 2 * (len(live) - len(finished)) <= batch.used:
+                self._compact()
 
     # -- sampling -------------------------------------------------------------
     def _advance(self, rows: list[_Row], logits: torch.Tensor) -> None:

@@ -1,22 +1,21 @@
-"""KV-cache storage for the sampling engine: a growable batch cache and a prefix cache.
+"""KV-cache storage for the sampling engine: a slot batch cache and a prefix cache.
 
 ``BatchCache`` holds the keys/values of every sequence being decoded as one
-``[rows, kv_heads, capacity, head_dim]`` buffer per layer. Rows are aligned on
+``[slots, kv_heads, capacity, dim]`` buffer per layer. Rows are aligned on
 the right (left padding, masked out), so one forward call advances every row by
-one token. Appending writes into spare capacity instead of concatenating (HF's
-``DynamicCache`` copies the whole cache on every step). Rows join and leave
-through :func:`rebuild_batch`: one copy of the rows that stay (without the
-columns none of them uses) and every joining prompt's KV into new buffers.
+one token, written into spare capacity (HF's ``DynamicCache`` concatenates,
+copying the whole cache on every step).
 
-That copy is the expensive part of batch bookkeeping: at 40-64 rows of a few
-hundred tokens the batch holds about a gigabyte, and one copy costs 0.3-0.4 s
-on this 2-core machine, as much as three decode steps. Measured on an
-evaluation of the SFT checkpoint (80 two-turn samples), copying once per
-request joining and once per row finishing took 63 of its 125 s. So the
-engine copies at most once per step for every request that arrived together,
-and lets finished rows ride along (their cost is a row of the next steps'
-matrix products, about 3 ms per step at 16-32 rows) until they are half the
-batch or new rows join anyway.
+Rows join and leave without copying the others. Copying is what made batch
+bookkeeping expensive: at 40-64 rows of a few hundred tokens the batch holds
+about a gigabyte, and one copy costs 0.3-0.8 s on a 2-core machine, as much as
+one to three decode steps. An evaluation of the SFT checkpoint (84 samples,
+2026-12-02, AVX2 host) spent 47 of its 210 s in 58 such copies when every
+batch of joining rows rebuilt the batch. So a joining row takes a slot a
+finished row freed (or a new one), right-aligned at the batch's current
+column, and the buffers are copied only when they run out of slots or
+columns, or when free slots outnumber live ones; ``bench/batch_cache.py``
+measures both bookkeepings on the same workload.
 
 ``PrefixCache`` remembers the KV of finished prompts and sequences, keyed by
 their tokens, so a continuation prompt (previous prompt + completion + delta)
@@ -89,77 +88,293 @@ def make_cache(kv: KV, extra: int = 0) -> DynamicCache:
     return cache
 
 
-def rebuild_batch(
-    cache: DynamicCache | None,
-    valid: torch.Tensor | None,
-    keep: Sequence[int],
-    groups: Sequence[tuple[KV, int]],
-    extra: int,
-) -> tuple[DynamicCache | None, torch.Tensor | None]:
-    """The batch with only rows ``keep`` of ``cache``, then ``count`` rows per ``(kv, count)``.
+class _SlotLayer(DynamicLayer):
+    """One layer of a :class:`BatchCache`: ``update`` writes the batch's next column."""
 
-    ``cache`` is right-aligned with ``valid`` (``[rows, length]``, True where a
-    column is real). The result is right-aligned to the widest row in new
-    buffers with ``extra`` spare columns, written once: the kept rows lose the
-    leading columns none of them uses, the left padding is zeroed (masked, but
-    never garbage: a NaN there would survive a zero attention weight), and the
-    spare columns are left untouched so they cost no memory until written.
-    Returns the new cache and mask, or ``(None, None)`` for an empty batch.
+    def __init__(self, batch: BatchCache, index: int) -> None:
+        super().__init__()
+        self.is_initialized = True
+        self._batch, self._index = batch, index
+        self.device = batch.keys[index].device
+
+    @property  # type: ignore[override]  # HF declares these as attributes
+    def keys(self) -> torch.Tensor:
+        b = self._batch
+        return b.keys[self._index][: b.used, :, b.start : b.end]
+
+    @keys.setter
+    def keys(self, value: object) -> None:  # HF's __init__ assigns None
+        pass
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor:
+        b = self._batch
+        return b.values[self._index][: b.used, :, b.start : b.end]
+
+    @values.setter
+    def values(self, value: object) -> None:
+        pass
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one column (``[used, heads, 1, dim]``) at ``end``; every used column after it."""
+        b = self._batch
+        k, v = b.keys[self._index], b.values[self._index]
+        k[: b.used, :, b.end : b.end + 1] = key_states
+        v[: b.used, :, b.end : b.end + 1] = value_states
+        return k[: b.used, :, b.start : b.end + 1], v[: b.used, :, b.start : b.end + 1]
+
+    def get_seq_length(self) -> int:
+        return self._batch.end - self._batch.start
+
+
+class BatchCache:
+    """The KV of every row being decoded: slots x columns, rows right-aligned at ``end``.
+
+    Per layer one ``[slots, kv_heads, capacity, dim]`` buffer for keys and one
+    for values, and a ``[slots, capacity]`` mask of the columns that are real.
+    Slots ``[0, used)`` take part in a step; a row occupies one slot and its
+    tokens the columns just left of ``end``, so one forward call advances every
+    row by one token (column ``end``), and ``[start, end)`` is the window a step
+    reads: the longest row's tokens.
+
+    Rows join and leave without copying the others (the copy is what made
+    batch bookkeeping expensive, see the module docstring): a joining row is
+    written into a free slot (a finished row's, else a new one past ``used``),
+    right-aligned at ``end``, and the window widens to the left into spare
+    columns when the row is longer than every row in it; a finished row frees
+    its slot, is computed and ignored until a new row takes it, and the window
+    narrows from the left (a view, no copy) when the rows that reached furthest
+    left are gone. The buffers are copied (live rows only, compacted to the
+    first slots) only when they run out of slots, of columns to the right
+    (``capacity``, every ``spare`` steps at most) or to the left, or when free
+    slots outnumber live ones (:meth:`compact`).
+
+    A shared prefix (``prefix``: its tokens and KV, set when the batch is
+    created) is held once: a row whose tokens start with it (and go beyond it)
+    keeps only the columns after it, and the lean decode step reads the prefix
+    once for all such rows (``decode.py``); ``row_kv`` gives the whole KV back.
+
+    Buffers start zeroed, so a masked column holds zeros or an earlier row's
+    finite values, never garbage (a NaN there would survive a zero attention
+    weight). A free slot's new columns are marked real, so its row attends to
+    something and its (ignored) output stays finite.
     """
-    kept = list(keep) if cache is not None else []
-    old_len, first, kept_valid = 0, 0, None
-    if kept:
-        assert valid is not None
-        kept_valid = valid.index_select(0, torch.tensor(kept, device=valid.device))
-        first = int(kept_valid.any(0).int().argmax())
-        old_len = valid.shape[1] - first
-    lengths = [kv[0][0].shape[2] for kv, _ in groups]
-    total = len(kept) + sum(count for _, count in groups)
-    if total == 0:
-        return None, None
-    width = max([old_len, *lengths])
-    reference: KV = cache_kv(cache) if cache is not None else groups[0][0]
-    device = reference[0][0].device
-    new_valid = torch.zeros(total, width, dtype=torch.bool, device=device)
-    if kept_valid is not None:
-        new_valid[: len(kept), width - old_len :] = kept_valid[:, first:]
-    row = len(kept)
-    for (_, count), n in zip(groups, lengths, strict=True):
-        new_valid[row : row + count, width - n :] = True
-        row += count
-    runs = _runs(kept)
-    layers = []
-    for index, (ref_k, ref_v) in enumerate(reference):
-        buffers = []
-        for which, ref in enumerate((ref_k, ref_v)):
-            buffer = ref.new_empty((total, ref.shape[1], width + extra, ref.shape[3]))
-            if kept:
-                buffer[: len(kept), :, : width - old_len].zero_()
-                for start, stop, to in runs:
-                    buffer[to : to + stop - start, :, width - old_len : width] = ref[
-                        start:stop, :, first:
-                    ]
-            row = len(kept)
-            for (kv, count), n in zip(groups, lengths, strict=True):
-                buffer[row : row + count, :, : width - n].zero_()
-                buffer[row : row + count, :, width - n : width] = kv[index][which]
-                row += count
-            buffers.append(buffer)
-        layers.append(_GrowableLayer.from_buffers(buffers[0], buffers[1], width))
-    out = DynamicCache()
-    out.layers = layers  # type: ignore[assignment]  # our layers implement HF's layer API
-    return out, new_valid
 
+    def __init__(
+        self,
+        like: KV,
+        slots: int,
+        width: int,
+        left: int = 128,
+        spare: int = 256,
+        prefix: tuple[Sequence[int], KV] | None = None,
+    ) -> None:
+        self.left, self.spare = left, spare
+        # The shared prefix: its tokens and KV (batch of one), held once for every row whose
+        # prompt starts with it; such a row keeps only the columns after it in its slot.
+        self.prefix_tokens: tuple[int, ...] = tuple(prefix[0]) if prefix else ()
+        self.prefix_kv: KV | None = (
+            [(k.contiguous(), v.contiguous()) for k, v in prefix[1]] if prefix else None
+        )
+        self.copies = 0  # buffer copies (reallocations) so far
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._allocate(like, slots, width)
+        self.used = 0
+        self._free: list[int] = []  # free slots below ``used``
+        self.layers = [_SlotLayer(self, i) for i in range(len(self.keys))]
 
-def _runs(rows: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``rows`` (ascending) as ``(start, stop, destination)`` runs of consecutive indices."""
-    runs: list[tuple[int, int, int]] = []
-    for to, row in enumerate(rows):
-        if runs and runs[-1][1] == row:
-            start, _, dest = runs[-1]
-            runs[-1] = (start, row + 1, dest)
+    def _allocate(self, like: KV, slots: int, width: int) -> None:
+        capacity = self.left + width + self.spare
+        self.keys = [k.new_zeros((slots, k.shape[1], capacity, k.shape[3])) for k, _ in like]
+        self.values = [v.new_zeros((slots, v.shape[1], capacity, v.shape[3])) for _, v in like]
+        self.valid = torch.zeros(slots, capacity, dtype=torch.bool, device=like[0][0].device)
+        self.shared = torch.zeros(slots, dtype=torch.bool, device=like[0][0].device)
+        self.start = self.end = self.left + width
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+    def live(self) -> list[int]:
+        free = set(self._free)
+        return [s for s in range(self.used) if s not in free]
+
+    # -- rows joining -----------------------------------------------------------
+    def add(self, groups: Sequence[tuple[KV, int, Sequence[int]]]) -> list[list[int]]:
+        """Put ``count`` rows per ``(kv, count, tokens)``; their slots.
+
+        ``kv`` (a batch of one) holds the KV of ``tokens``. A group whose tokens
+        start with the shared prefix (and go beyond it) stores only the columns
+        after it. Copies the buffers at most once, only if the rows do not fit.
+        """
+        shared = [self.starts_with_prefix(tokens) for _, _, tokens in groups]
+        skip = len(self.prefix_tokens)
+        lengths = [
+            kv[0][0].shape[2] - skip * s for (kv, _, _), s in zip(groups, shared, strict=True)
+        ]
+        rows = sum(count for _, count, _ in groups)
+        if not rows:
+            return [[] for _ in groups]
+        widest = max(lengths)
+        spare_slots = len(self._free) + self.slots - self.used
+        if rows > spare_slots or widest > self.end:  # no room: copy once
+            needed = self.used + rows - len(self._free)
+            self._reallocate(needed + min(needed, 16), max(widest, self._live_width()))
+        if widest > self.width:  # widen the window into the spare columns on the left
+            begin = self.end - widest
+            self.valid[: self.used, begin : self.start] = False
+            self.start = begin
+        out: list[list[int]] = []
+        for (kv, count, _), n, share in zip(groups, lengths, shared, strict=True):
+            taken = []
+            for _ in range(count):
+                if self._free:
+                    slot = self._free.pop(0)
+                else:
+                    slot, self.used = self.used, self.used + 1
+                taken.append(slot)
+            out.append(taken)
+            index = torch.tensor(taken, device=self.valid.device)
+            self.valid.index_fill_(0, index, False)
+            self.valid[index, self.end - n : self.end] = True
+            self.shared[index] = share
+            first = skip if share else 0
+            for layer, (k, v) in enumerate(kv):
+                self.keys[layer][index, :, self.end - n : self.end] = k[:, :, first:]
+                self.values[layer][index, :, self.end - n : self.end] = v[:, :, first:]
+        self._free.sort()
+        return out
+
+    def starts_with_prefix(self, tokens: Sequence[int]) -> bool:
+        """Whether a row of ``tokens`` would share the prefix (it starts with it and goes on)."""
+        n = len(self.prefix_tokens)
+        return bool(n) and len(tokens) > n and tuple(tokens[:n]) == self.prefix_tokens
+
+    def step_prefix(self) -> tuple[KV, torch.Tensor] | None:
+        """The shared prefix's KV and ``[used]`` which slots attend to it; None without one."""
+        if self.prefix_kv is None:
+            return None
+        return self.prefix_kv, self.shared[: self.used]
+
+    # -- one step -----------------------------------------------------------------
+    def step_mask(self) -> torch.Tensor:
+        """``[used, width + 1]``: the window plus the column this step writes (real for all).
+
+        Makes room for that column first (a copy when the capacity is reached).
+        """
+        if self.end >= self.capacity:
+            self._reallocate(self.slots, self._live_width())
+        self.valid[: self.used, self.end] = True
+        return self.valid[: self.used, self.start : self.end + 1]
+
+    def advance(self) -> None:
+        """The step's column is written: it joins the window."""
+        self.end += 1
+
+    # -- rows leaving -------------------------------------------------------------
+    def row_kv(self, slot: int) -> KV:
+        """Slot ``slot``'s KV without padding: fresh contiguous tensors."""
+        columns = self.valid[slot, self.start : self.end].nonzero().squeeze(1) + self.start
+        row = slice(slot, slot + 1)
+        own = [
+            (k[row].index_select(2, columns), v[row].index_select(2, columns))
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
+        if self.prefix_kv is None or not bool(self.shared[slot]):
+            return own
+        return [
+            (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2))
+            for (pk, pv), (k, v) in zip(self.prefix_kv, own, strict=True)
+        ]
+
+    def release(self, slots: Sequence[int]) -> None:
+        """Free ``slots``; narrow the window to the columns the rows left still use."""
+        if not slots:
+            return
+        index = torch.tensor(list(slots), device=self.valid.device)
+        self.valid.index_fill_(0, index, False)
+        self._free = sorted({*self._free, *slots})
+        while self.used and self._free and self._free[-1] == self.used - 1:
+            self._free.pop()  # free slots at the end leave the batch
+            self.used -= 1
+        self.start = self.end - self._live_width()
+
+    def _live_width(self) -> int:
+        """Columns from the leftmost one a live row uses to ``end``."""
+        live = self.live()
+        if not live:
+            return 0
+        rows = self.valid[: self.used, self.start : self.end]
+        if len(live) != self.used:
+            rows = rows.index_select(0, torch.tensor(live, device=rows.device))
+        used = rows.any(0)
+        if not bool(used.any()):
+            return 0
+        return self.width - int(used.int().argmax())
+
+    def compact(self) -> list[int]:
+        """Copy the live rows into the first slots; the old slot of each new one."""
+        live = self.live()
+        self._reallocate(max(len(live), 1), self._live_width(), live)
+        return live
+
+    def _reallocate(self, slots: int, width: int, order: Sequence[int] | None = None) -> None:
+        """New buffers: ``slots`` slots, a window of ``width`` columns, and spare room.
+
+        The live rows are copied: to the same slots (``order`` None; the free
+        ones stay free), or old slot ``order[i]`` to slot ``i`` (compaction).
+        """
+        live = self.live()
+        if order is None:
+            pairs, used, free = [(s, s) for s in live], self.used, list(self._free)
         else:
-            runs.append((row, row + 1, to))
+            pairs, used, free = [(s, i) for i, s in enumerate(order)], len(order), []
+        old_keys, old_values, old_valid, old_shared = (
+            self.keys,
+            self.values,
+            self.valid,
+            self.shared,
+        )
+        old_end, kept = self.end, min(self._live_width(), width)
+        like = [(k[:1], v[:1]) for k, v in zip(old_keys, old_values, strict=True)]
+        self._allocate(like, max(slots, used), width)
+        begin, end = old_end - kept, self.end
+        runs = _pair_runs(pairs)
+        for old, new in ((old_keys, self.keys), (old_values, self.values)):
+            for src, dst in zip(old, new, strict=True):
+                for first, stop, to in runs:
+                    dst[to : to + stop - first, :, end - kept : end] = src[
+                        first:stop, :, begin:old_end
+                    ]
+        for first, stop, to in runs:
+            self.shared[to : to + stop - first] = old_shared[first:stop]
+            self.valid[to : to + stop - first, end - kept : end] = old_valid[
+                first:stop, begin:old_end
+            ]
+        self.start = end - kept
+        self.used, self._free = used, free
+        self.copies += 1
+
+
+def _pair_runs(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(old, new)`` slot pairs as ``(start, stop, destination)`` runs of consecutive ones."""
+    runs: list[tuple[int, int, int]] = []
+    for old, new in pairs:
+        if runs and runs[-1][1] == old and runs[-1][2] + old - runs[-1][0] == new:
+            runs[-1] = (runs[-1][0], old + 1, runs[-1][2])
+        else:
+            runs.append((old, old + 1, new))
     return runs
 
 
