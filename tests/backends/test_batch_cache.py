@@ -77,40 +77,48 @@ def _step(batch: BatchCache, rows, generator: torch.Generator) -> None:
         columns.append([(k[slot : slot + 1], v[slot : slot + 1]) for k, v in new])
 
 
+def _churn(batch: BatchCache, rng: random.Random, generator, make_groups, on_add=None) -> None:
+    """Random joins, steps, releases and compactions, each checked against the reference."""
+    rows: dict[int, list] = {}
+    for _ in range(60):
+        action = rng.random()
+        if action < 0.25 or not rows:
+            groups = make_groups()
+            for (kv, _, tokens), taken in zip(groups, batch.add(groups), strict=True):
+                for slot in taken:
+                    assert slot not in rows
+                    if on_add is not None:
+                        on_add(slot, tokens)
+                    rows[slot] = [kv]
+        elif action < 0.45:
+            gone = rng.sample(sorted(rows), rng.randint(1, len(rows)))
+            batch.release(gone)
+            for slot in gone:
+                del rows[slot]
+        elif action < 0.5:
+            order = batch.compact()
+            rows = {new: rows[old] for new, old in enumerate(order)}
+        else:
+            _step(batch, rows, generator)
+        if rows:
+            _check(batch, rows)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_random_joins_steps_and_releases_match_the_reference(seed):
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
     first = _kv(rng.randint(1, 20), generator)
     batch = BatchCache(first, slots=2, width=first[0][0].shape[2], left=4, spare=6)
-    rows: dict[int, list] = {}
-    (slots,) = batch.add([(first, 2, _tokens(first))])
-    for slot in slots:
-        rows[slot] = [first]
-    _check(batch, rows)
-    for _ in range(60):
-        action = rng.random()
-        if action < 0.25:
-            groups = []
-            for _ in range(2):
-                kv = _kv(rng.randint(1, 40), generator)
-                groups.append((kv, rng.randint(1, 3), _tokens(kv)))
-            for (kv, _, _), taken in zip(groups, batch.add(groups), strict=True):
-                for slot in taken:
-                    assert slot not in rows
-                    rows[slot] = [kv]
-        elif action < 0.45 and rows:
-            gone = rng.sample(sorted(rows), rng.randint(1, len(rows)))
-            batch.release(gone)
-            for slot in gone:
-                del rows[slot]
-        elif action < 0.5 and rows:
-            order = batch.compact()
-            rows = {new: rows[old] for new, old in enumerate(order)}
-        elif rows:
-            _step(batch, rows, generator)
-        if rows:
-            _check(batch, rows)
+
+    def groups():
+        out = []
+        for _ in range(2):
+            kv = _kv(rng.randint(1, 40), generator)
+            out.append((kv, rng.randint(1, 3), _tokens(kv)))
+        return out
+
+    _churn(batch, rng, generator, groups)
 
 
 def test_a_row_joins_a_free_slot_without_a_copy():
@@ -171,37 +179,24 @@ def test_rows_sharing_the_prefix_hold_only_what_follows_it():
 
     rng = random.Random(2)
     batch = BatchCache(prefix, slots=2, width=4, left=3, spare=5, prefix=(prefix_tokens, prefix))
-    rows: dict[int, list] = {}
-    for _ in range(40):
-        action = rng.random()
-        if action < 0.3:
-            groups = []
-            for kind in range(3):
-                if kind == 0:
-                    kv = with_prefix(rng.randint(1, 12))
-                    tokens = prefix_tokens + list(range(kv[0][0].shape[2] - 6))
-                elif kind == 1:  # another first token
-                    kv = _kv(rng.randint(1, 18), generator)
-                    tokens = [9, *range(kv[0][0].shape[2] - 1)]
-                else:  # exactly the prefix: nothing would follow it, so it is not shared
-                    kv, tokens = with_prefix(0), list(prefix_tokens)
-                groups.append((kv, rng.randint(1, 2), tokens))
-            for (kv, _, tokens), taken in zip(groups, batch.add(groups), strict=True):
-                for slot in taken:
-                    assert bool(batch.shared[slot]) == (len(tokens) > 6 and tokens[0] == 500)
-                    rows[slot] = [kv]
-        elif action < 0.45 and rows:
-            gone = rng.sample(sorted(rows), rng.randint(1, len(rows)))
-            batch.release(gone)
-            for slot in gone:
-                del rows[slot]
-        elif action < 0.5 and rows:
-            order = batch.compact()
-            rows = {new: rows[old] for new, old in enumerate(order)}
-        elif rows:
-            _step(batch, rows, generator)
-        if rows:
-            _check(batch, rows)
-            step_prefix = batch.step_prefix()
-            assert step_prefix is not None
-            assert step_prefix[1].shape == (batch.used,)
+
+    def groups():
+        out = []
+        for kind in range(3):
+            if kind == 0:
+                kv = with_prefix(rng.randint(1, 12))
+                tokens = prefix_tokens + list(range(kv[0][0].shape[2] - 6))
+            elif kind == 1:  # another first token
+                kv = _kv(rng.randint(1, 18), generator)
+                tokens = [9, *range(kv[0][0].shape[2] - 1)]
+            else:  # exactly the prefix: nothing would follow it, so it is not shared
+                kv, tokens = with_prefix(0), list(prefix_tokens)
+            out.append((kv, rng.randint(1, 2), tokens))
+        return out
+
+    def joined(slot, tokens):
+        assert bool(batch.shared[slot]) == (len(tokens) > 6 and tokens[0] == 500)
+        step_prefix = batch.step_prefix()
+        assert step_prefix is not None and step_prefix[1].shape == (batch.used,)
+
+    _churn(batch, rng, generator, groups, joined)
