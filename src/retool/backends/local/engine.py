@@ -147,7 +147,7 @@ class SamplingEngine:
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._rows: list[_Row | None] = []  # per batch slot: its row, None when free
         self._batch: BatchCache | None = None  # the KV of every slot (kv.py)
-        self._hf_cache: DynamicCache | None = None  # the same layers for HF's forward
+        self._hf_cache: DynamicCache | None = None  # the batch's layers for HF's forward
         self._positions: list[int] = []  # next position id of each slot
         self._closed = False
         self._run_lock = threading.Lock()  # held while admitting and stepping
@@ -386,7 +386,6 @@ class SamplingEngine:
             self._batch = BatchCache(
                 groups[0][0], room, width, _LEFT, _SPARE, self._shared_prefix(groups)
             )
-            self._hf_cache = None
         for (rows, kv), slots in zip(joining, self._batch.add(groups), strict=True):
             for row, slot in zip(rows, slots, strict=True):
                 while len(self._rows) <= slot:
@@ -395,7 +394,6 @@ class SamplingEngine:
                 self._rows[slot] = row
                 self._positions[slot] = kv[0][0].shape[2]
                 self.prefix_rows += bool(self._batch.shared[slot])
-        self._hf_cache = None  # its view of the layers is rebuilt on use
 
     def _shared_prefix(
         self, groups: Sequence[tuple[KV, int, list[int]]]

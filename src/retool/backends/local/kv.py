@@ -253,7 +253,6 @@ class BatchCache:
             for layer, (k, v) in enumerate(kv):
                 self.keys[layer][index, :, self.end - n : self.end] = k[:, :, first:]
                 self.values[layer][index, :, self.end - n : self.end] = v[:, :, first:]
-        self._free.sort()
         return out
 
     def starts_with_prefix(self, tokens: Sequence[int]) -> bool:
