@@ -105,6 +105,64 @@ def test_lean_step_with_a_shared_prefix_equals_hf_forward(model):
         assert batch.copies == 1
 
 
+def test_a_bf16_model_decodes_over_a_float32_batch_cache(model):
+    """A bf16 model on CPU keeps its batch cache in float32 (bf16 batched products at
+    decode shapes are 2-3x slower there): rows go in and come back out in bf16 bit for
+    bit, and the step's logprobs stay within bf16 rounding of HF's bf16 forward."""
+    import copy
+
+    from retool.backends.local.kv import BatchCache
+
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    decoder = lean_decoder_for(bf16)
+    assert decoder is not None and decoder.cache_dtype == torch.float32
+    generator = torch.Generator().manual_seed(4)
+    prefix = torch.randint(3, 40000, (10,), generator=generator).tolist()
+    sequences = [
+        prefix + torch.randint(3, 40000, (n,), generator=generator).tolist() for n in (4, 7)
+    ]
+    sequences.append(torch.randint(3, 40000, (13,), generator=generator).tolist())
+    with torch.no_grad():
+        kvs = []
+        for tokens in sequences:
+            cache = bf16(input_ids=torch.tensor([tokens[:-1]]), use_cache=True).past_key_values
+            kvs.append([(layer.keys, layer.values) for layer in cache.layers])
+        assert kvs[0][0][0].dtype == torch.bfloat16
+        shared = [(k[:, :, :10], v[:, :, :10]) for k, v in kvs[0]]
+        batch = BatchCache(
+            kvs[0], 3, 16, left=2, spare=3, prefix=(prefix, shared), dtype=torch.float32
+        )
+        batch.add([(kv, 1, tokens[:-1]) for kv, tokens in zip(kvs, sequences, strict=True)])
+        assert batch.keys[0].dtype == torch.float32 and batch.kv_dtype == torch.bfloat16
+        for slot, kv in enumerate(kvs):  # a round trip through float32 is exact
+            if slot < 2:  # a sharing row reads the prefix's columns from the batch's copy
+                kv = [
+                    (torch.cat([pk, k[:, :, 10:]], 2), torch.cat([pv, v[:, :, 10:]], 2))
+                    for (pk, pv), (k, v) in zip(shared, kv, strict=True)
+                ]
+            back = batch.row_kv(slot)
+            assert all(k.dtype == v.dtype == torch.bfloat16 for k, v in back)
+            assert all(
+                torch.equal(k, k0) and torch.equal(v, v0)
+                for (k, v), (k0, v0) in zip(back, kv, strict=True)
+            )
+        tokens = [list(s) for s in sequences]
+        worst = 0.0
+        for _ in range(4):
+            ids = torch.tensor([t[-1] for t in tokens])
+            positions = torch.tensor([len(t) - 1 for t in tokens])
+            got = decoder.step(ids, positions, batch.layers, batch.step_mask(), batch.step_prefix())
+            batch.advance()
+            assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+            for row, row_tokens in enumerate(tokens):
+                want = bf16(input_ids=torch.tensor([row_tokens])).logits[0, -1].float()
+                diff = got[row].float().log_softmax(-1) - want.log_softmax(-1)
+                worst = max(worst, float(diff.abs().max()))
+            for row, token in enumerate(got.argmax(-1).tolist()):
+                tokens[row].append(token)
+        assert worst <= 0.02, worst  # measured 0.005
+
+
 def test_other_architectures_fall_back_to_hf():
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel

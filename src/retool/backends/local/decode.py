@@ -35,7 +35,13 @@ the model's activation, biases when present), so sampled logprobs agree with
 ``forward`` on the same tokens as closely as HF's own decode does (measured
 on SmolLM2 with real prompts: both within 3.5e-5 of the full forward; the
 contract asks 1e-4). Prefill (many tokens of one prompt) still runs through
-HF's forward, where large matrix products are efficient.
+HF's decoder, where large matrix products are efficient; only its last
+position goes through :meth:`LeanDecoder.head`.
+
+A bf16 (or fp16) model on CPU decodes over a float32 batch cache
+(:attr:`LeanDecoder.cache_dtype`): the projections run in the model's dtype,
+attention in float32, since bf16 batched products at decode shapes were 2-3x
+slower than float32 on an AMX host (2026-12-02).
 
 Only plain Llama models are supported (``LlamaForCausalLM`` with ``nn.Linear``
 projections: SmolLM2, the ``tiny-random`` test model, Llama 2/3). Anything
@@ -87,6 +93,17 @@ class LeanDecoder:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.group = self.heads // self.kv_heads
+        # The batch cache's dtype: float32 for a bf16/fp16 model on CPU, whose batched
+        # attention products at decode shapes (a few query rows against hundreds of
+        # cached columns per (row, head)) run 2-3x slower in bf16 than in float32 and
+        # slower still when the column count changes every step (oneDNN builds a kernel
+        # per shape): measured on an AMX host, 16 rows x 500 columns, 1.29 against 0.48
+        # ms per layer for the scores. bf16 keys and values are exact in float32, so only
+        # the products' rounding changes (it gets finer).
+        dtype = next(model.parameters()).dtype
+        device = next(model.parameters()).device
+        reduced = dtype in (torch.bfloat16, torch.float16)
+        self.cache_dtype = torch.float32 if reduced and device.type == "cpu" else dtype
 
     def step(
         self,
@@ -113,8 +130,11 @@ class LeanDecoder:
         half = sin.shape[-1] // 2
         signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1).unsqueeze(1)
         # The padding bias, one [group, length] block per (row, kv head) for baddbmm.
+        # Attention runs in the cache's dtype (float32 for a bf16 model on CPU, see
+        # ``cache_dtype``); the projections in the model's.
+        dtype = layers[0].keys.dtype if len(layers) else x.dtype
         length = mask.shape[1]
-        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        bias = torch.zeros(mask.shape, dtype=dtype, device=x.device)
         bias = bias.masked_fill_(~mask, float("-inf"))
         bias = bias.view(rows, 1, 1, length).expand(rows, self.kv_heads, self.group, length)
         bias = bias.reshape(rows * self.kv_heads, self.group, length)
@@ -122,7 +142,7 @@ class LeanDecoder:
         if prefix is not None:
             attends = prefix[1]
             if not bool(attends.all()):
-                prefix_bias = torch.zeros(rows, dtype=x.dtype, device=x.device)
+                prefix_bias = torch.zeros(rows, dtype=dtype, device=x.device)
                 prefix_bias = prefix_bias.masked_fill_(~attends, float("-inf"))
                 prefix_bias = prefix_bias.view(1, rows, 1, 1).expand(
                     self.kv_heads, rows, self.group, 1
@@ -136,6 +156,7 @@ class LeanDecoder:
             v = _project(attention.v_proj, h).reshape(rows, self.kv_heads, -1)
             q, k = _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
             keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2))
+            q = q.to(keys.dtype)  # no-op unless the cache is wider than the model
             batch = rows * self.kv_heads  # (row, kv head) pairs, each with its query group
             scores = torch.baddbmm(
                 bias,
@@ -150,14 +171,25 @@ class LeanDecoder:
                 out = self._with_prefix(
                     q, scores, values, prefix[0][index], prefix_bias, scaling=attention.scaling
                 )
-            x = x + _project(attention.o_proj, out.view(rows, self.heads * self.head_dim))
+            out = out.view(rows, self.heads * self.head_dim).to(x.dtype)
+            x = x + _project(attention.o_proj, out)
             h = _rms_norm(layer.post_attention_layernorm, x)
             mlp = layer.mlp
             x = x + _project(
                 mlp.down_proj, mlp.act_fn(_project(mlp.gate_proj, h)) * _project(mlp.up_proj, h)
             )
         x = _rms_norm(inner.norm, x)
-        return _project(self.model.lm_head, x).contiguous()
+        return self.head(x)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` (contiguous) of final hidden states ``[rows, hidden]``.
+
+        Also the engine's prefill head: HF's forward applies the head to a
+        ``[1, 1, hidden]`` slice as a batched product, which in bf16 on CPU first
+        copies the whole transposed head (49152 x 576 for SmolLM2): 235 of a
+        40-token continuation's 366 ms, measured on an AMX host.
+        """
+        return _project(self.model.lm_head, hidden).contiguous()
 
     def _with_prefix(
         self,

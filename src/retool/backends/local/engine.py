@@ -34,7 +34,10 @@ batch compositions; the logprobs always match ``forward`` within 1e-4.)
 
 For Llama models the decode step runs :class:`~retool.backends.local.decode.LeanDecoder`
 (1.2-1.9x faster than HF's forward for this shape on CPU; see ``decode.py``);
-other models use HF's forward. Prefill always uses HF's forward. The engine
+other models use HF's forward. Prefill runs HF's decoder (``model.model``);
+for Llama models the head on the last position is the lean decoder's (HF's
+``logits_to_keep`` path copies a bf16 head whole each call), and a bf16 model
+keeps its batch cache in float32 (``LeanDecoder.cache_dtype``). The engine
 thread is the only one holding an OpenMP pool while it decodes: the backend's
 other calls run in short-lived workers (``threads.py``).
 
@@ -322,6 +325,11 @@ class SamplingEngine:
         ids = torch.tensor([tokens], device=self.device)
         positions = torch.arange(start, start + len(tokens), device=self.device).unsqueeze(0)
         cache = make_cache(kv, extra=len(tokens)) if kv is not None else make_cache_empty()
+        if self.decoder is not None:  # a plain Llama: the decoder, then the head on one row
+            hidden = self.model.model(
+                input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache}
+            ).last_hidden_state
+            return self.decoder.head(hidden[0, -1:])[0].float(), cache_kv(cache)
         out = self.model(
             input_ids=ids,
             position_ids=positions,
@@ -384,7 +392,13 @@ class SamplingEngine:
             count = sum(n for _, n, _ in groups)
             room = count + min(count, 16)  # slots for rows joining later without a copy
             self._batch = BatchCache(
-                groups[0][0], room, width, _LEFT, _SPARE, self._shared_prefix(groups)
+                groups[0][0],
+                room,
+                width,
+                _LEFT,
+                _SPARE,
+                self._shared_prefix(groups),
+                dtype=self.decoder.cache_dtype if self.decoder is not None else None,
             )
         for (rows, kv), slots in zip(joining, self._batch.add(groups), strict=True):
             for row, slot in zip(rows, slots, strict=True):

@@ -151,6 +151,13 @@ class BatchCache:
     (``capacity``, every ``spare`` steps at most) or to the left, or when free
     slots outnumber live ones (:meth:`compact`).
 
+    ``dtype``: the buffers' dtype, by default the incoming KV's. The lean
+    decode step of a bf16 model keeps them in float32 (``decode.py``: bf16
+    batched products of this shape are 2-3x slower than float32 ones on CPU);
+    a bf16 key or value is exact in float32, and :meth:`row_kv` hands rows back
+    in the incoming dtype, so the prefix cache and HF's prefill never see the
+    difference.
+
     A shared prefix (``prefix``: its tokens and KV, set when the batch is
     created) is held once: a row whose tokens start with it (and go beyond it)
     keeps only the columns after it, and the lean decode step reads the prefix
@@ -170,13 +177,18 @@ class BatchCache:
         left: int = 128,
         spare: int = 256,
         prefix: tuple[Sequence[int], KV] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.left, self.spare = left, spare
+        self.kv_dtype = like[0][0].dtype  # what rows arrive in and leave as
+        self.dtype = dtype or self.kv_dtype  # what the buffers hold
         # The shared prefix: its tokens and KV (batch of one), held once for every row whose
         # prompt starts with it; such a row keeps only the columns after it in its slot.
         self.prefix_tokens: tuple[int, ...] = tuple(prefix[0]) if prefix else ()
         self.prefix_kv: KV | None = (
-            [(k.contiguous(), v.contiguous()) for k, v in prefix[1]] if prefix else None
+            [(k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous()) for k, v in prefix[1]]
+            if prefix
+            else None
         )
         self.copies = 0  # buffer copies (reallocations) so far
         self.keys: list[torch.Tensor] = []
@@ -188,8 +200,14 @@ class BatchCache:
 
     def _allocate(self, like: KV, slots: int, width: int) -> None:
         capacity = self.left + width + self.spare
-        self.keys = [k.new_zeros((slots, k.shape[1], capacity, k.shape[3])) for k, _ in like]
-        self.values = [v.new_zeros((slots, v.shape[1], capacity, v.shape[3])) for _, v in like]
+        self.keys = [
+            k.new_zeros((slots, k.shape[1], capacity, k.shape[3]), dtype=self.dtype)
+            for k, _ in like
+        ]
+        self.values = [
+            v.new_zeros((slots, v.shape[1], capacity, v.shape[3]), dtype=self.dtype)
+            for _, v in like
+        ]
         self.valid = torch.zeros(slots, capacity, dtype=torch.bool, device=like[0][0].device)
         self.shared = torch.zeros(slots, dtype=torch.bool, device=like[0][0].device)
         self.start = self.end = self.left + width
@@ -251,8 +269,9 @@ class BatchCache:
             self.shared[index] = share
             first = skip if share else 0
             for layer, (k, v) in enumerate(kv):
-                self.keys[layer][index, :, self.end - n : self.end] = k[:, :, first:]
-                self.values[layer][index, :, self.end - n : self.end] = v[:, :, first:]
+                columns = slice(self.end - n, self.end)
+                self.keys[layer][index, :, columns] = k[:, :, first:].to(self.dtype)
+                self.values[layer][index, :, columns] = v[:, :, first:].to(self.dtype)
         return out
 
     def starts_with_prefix(self, tokens: Sequence[int]) -> bool:
@@ -283,19 +302,21 @@ class BatchCache:
 
     # -- rows leaving -------------------------------------------------------------
     def row_kv(self, slot: int) -> KV:
-        """Slot ``slot``'s KV without padding: fresh contiguous tensors."""
+        """Slot ``slot``'s KV without padding: fresh contiguous tensors, in ``kv_dtype``."""
         columns = self.valid[slot, self.start : self.end].nonzero().squeeze(1) + self.start
         row = slice(slot, slot + 1)
         own = [
             (k[row].index_select(2, columns), v[row].index_select(2, columns))
             for k, v in zip(self.keys, self.values, strict=True)
         ]
-        if self.prefix_kv is None or not bool(self.shared[slot]):
+        if self.prefix_kv is not None and bool(self.shared[slot]):
+            own = [
+                (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2))
+                for (pk, pv), (k, v) in zip(self.prefix_kv, own, strict=True)
+            ]
+        if self.dtype == self.kv_dtype:
             return own
-        return [
-            (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2))
-            for (pk, pv), (k, v) in zip(self.prefix_kv, own, strict=True)
-        ]
+        return [(k.to(self.kv_dtype), v.to(self.kv_dtype)) for k, v in own]
 
     def release(self, slots: Sequence[int]) -> None:
         """Free ``slots``; narrow the window to the columns the rows left still use."""
