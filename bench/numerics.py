@@ -1,7 +1,8 @@
 """Numerics bench: float32 against bfloat16 for the sampler, the trainer and an RL step.
 
     flock /tmp/retool-bench.lock .venv/bin/python bench/numerics.py \
-        [--new-tokens 32] [--train-rows 4 --train-tokens 256] [--rl-steps 1] [--skip-rl]
+        [--new-tokens 32] [--train-rows 4 --train-tokens 256 --train-shared 180]
+        [--rl-steps 1] [--skip-rl]
         [--init-from runs/demo-.../sft] [--full-step]
 
 All in one run, on smollm2-135m-instruct (LoRA r=16), each dtype through the
@@ -15,7 +16,11 @@ float32 master weights and a float32 head):
    (4 prompts x 4 samples, then 16 continuations with a 40-token observation),
    ``--new-tokens`` each;
 3. training ``forward_backward`` (``ppo``) tok/s on ``--train-rows`` datums of
-   ``--train-tokens`` tokens (median of 2 after a warm-up);
+   ``--train-tokens`` tokens (median of 2 after a warm-up), unrelated and sharing
+   their first ``--train-shared`` tokens (an RL group's prompt: the shared-prefix
+   path), for float32, bf16 eager (``model.compile = "off"``) and bf16 as a run
+   gets it (``auto``: element-wise kernels compiled where a compiler is found;
+   the time to start that trainer includes the compile);
 4. the measured ``sampler_kl`` (mean over sampled tokens of log π_sampler -
    log π_trainer) for every sampler/trainer pair: fp32/fp32, bf16/bf16, and a
    bf16 sampler with an fp32 trainer;
@@ -138,15 +143,18 @@ def sampler_kl(trainer, datums: list) -> float:
     return total / max(tokens, 1)
 
 
-def train_rate(trainer, rows: int, tokens: int) -> float:
+def train_rate(trainer, rows: int, tokens: int, shared: int = 0) -> float:
+    """``forward_backward`` tok/s on ``rows`` random datums of ``tokens`` tokens whose first
+    ``shared`` tokens agree (an RL group's prompt: the trainer's shared-prefix path)."""
     import numpy as np
 
     from retool.types import Datum, ModelInput, TensorData
 
     rng = np.random.default_rng(0)
+    prefix = rng.integers(100, 40000, shared).tolist()
     data = []
     for _ in range(rows):
-        ids = rng.integers(100, 40000, tokens + 1).tolist()
+        ids = prefix + rng.integers(100, 40000, tokens + 1 - shared).tolist()
         data.append(
             Datum(
                 ModelInput.from_ints(ids[:-1]),
@@ -200,6 +208,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--train-rows", type=int, default=4)
     parser.add_argument("--train-tokens", type=int, default=256)
+    parser.add_argument(
+        "--train-shared", type=int, default=180, help="tokens the second training batch shares"
+    )
     parser.add_argument("--rl-steps", type=int, default=1)
     parser.add_argument("--skip-rl", action="store_true")
     parser.add_argument(
@@ -230,21 +241,41 @@ def main() -> None:
     figures: dict[str, dict[str, float]] = {}
     trainers = {}
     samples = {}
+    shared = min(args.train_shared, args.train_tokens - 1)
+    # bf16 twice: eager (model.compile = off) and as a run gets it (auto: compiled where a
+    # compiler is found); the sampler does not compile, so it is timed once per dtype.
+    variants = (("float32", "auto"), ("bfloat16", "off"), ("bfloat16", "auto"))
     with tempfile.TemporaryDirectory(prefix="bench-numerics-") as scratch:
-        for dtype in ("float32", "bfloat16"):
-            service = LocalServiceClient(dtype=dtype, checkpoint_root=Path(scratch) / dtype)
-            trainer = service.create_lora_training_client(MODEL, rank=16, seed=0)
-            sampler = trainer.save_weights_and_get_sampling_client()
-            tokens, seconds, sequences = sample(sampler, trainer.get_tokenizer(), args.new_tokens)
-            sampler.close()
-            rate = train_rate(trainer, args.train_rows, args.train_tokens)
-            figures[dtype] = {"sample_tok_s": tokens / seconds, "train_tok_s": rate}
-            print(
-                f"{dtype:<10} sampler {tokens} tokens in {seconds:.1f}s = "
-                f"{tokens / seconds:.1f} tok/s; training fwd+bwd {rate:.1f} tok/s",
-                flush=True,
+        for dtype, compile_request in variants:
+            key = dtype if compile_request == "auto" else f"{dtype}-eager"
+            service = LocalServiceClient(
+                dtype=dtype, compile=compile_request, checkpoint_root=Path(scratch) / key
             )
-            trainers[dtype], samples[dtype] = trainer, sampled_datums(sequences)
+            started = time.perf_counter()
+            trainer = service.create_lora_training_client(MODEL, rank=16, seed=0)
+            created = time.perf_counter() - started
+            figures[key] = {"trainer_start_s": created}
+            line = f"{key:<14} trainer {trainer.compile.summary()}, started in {created:.1f}s"
+            if compile_request == "auto":
+                sampler = trainer.save_weights_and_get_sampling_client()
+                tokens, seconds, sequences = sample(
+                    sampler, trainer.get_tokenizer(), args.new_tokens
+                )
+                sampler.close()
+                figures[key]["sample_tok_s"] = tokens / seconds
+                samples[key] = sampled_datums(sequences)
+                rate = tokens / seconds
+                line += f"; sampler {tokens} tokens in {seconds:.1f}s = {rate:.1f} tok/s"
+            rate = train_rate(trainer, args.train_rows, args.train_tokens)
+            rate_shared = train_rate(trainer, args.train_rows, args.train_tokens, shared)
+            figures[key].update({"train_tok_s": rate, "train_shared_tok_s": rate_shared})
+            line += (
+                f"; training fwd+bwd {rate:.1f} tok/s, {rate_shared:.1f} with a "
+                f"{shared}-token shared prefix"
+            )
+            print(line, flush=True)
+            if compile_request == "auto":
+                trainers[key] = trainer
         kls = {
             "fp32 sampler / fp32 trainer": sampler_kl(trainers["float32"], samples["float32"]),
             "bf16 sampler / bf16 trainer": sampler_kl(trainers["bfloat16"], samples["bfloat16"]),
@@ -263,10 +294,14 @@ def main() -> None:
                 f"{args.rl_steps} steps trained), train/sampler_kl {f['train/sampler_kl']:+.2e}",
                 flush=True,
             )
-    fp32, bf16 = figures["float32"], figures["bfloat16"]
+    fp32, bf16, eager = figures["float32"], figures["bfloat16"], figures["bfloat16-eager"]
     ratios = [
         f"sampler {_ratio(bf16['sample_tok_s'], fp32['sample_tok_s'])}",
-        f"training fwd+bwd {_ratio(bf16['train_tok_s'], fp32['train_tok_s'])} (target >= 3x)",
+        f"training fwd+bwd {_ratio(bf16['train_tok_s'], fp32['train_tok_s'])} "
+        f"(shared prefix {_ratio(bf16['train_shared_tok_s'], fp32['train_shared_tok_s'])}; "
+        "target >= 3x)",
+        f"bf16 eager training {_ratio(eager['train_tok_s'], fp32['train_tok_s'])} "
+        f"(shared prefix {_ratio(eager['train_shared_tok_s'], fp32['train_shared_tok_s'])})",
     ]
     if not args.skip_rl:
         ratios.append(f"RL step {_ratio(fp32['time/step_s'], bf16['time/step_s'])} (target >= 2x)")

@@ -100,7 +100,8 @@ class ModelConfig:
     extras; :mod:`retool.backends.remote`). The services train LoRA adapters
     only: ``lora_rank`` in [4, 64] on PyTRIO (its SDK refuses other ranks before
     any request), >= 1 on Tinker; ``base_model`` is the service's model name
-    (``"Qwen/Qwen3-8B"``); ``device`` and ``dtype`` are the local backend's.
+    (``"Qwen/Qwen3-8B"``); ``device``, ``dtype`` and ``compile`` (:mod:`retool.backends.
+    local.compiled`) are the local backend's.
 
     ``loss_reduction`` says how the service reduces the per-token losses of
     one ``forward_backward`` call. Our contract is their *sum*
@@ -143,6 +144,7 @@ class ModelConfig:
     lora_rank: int = 32  # LoRA rank; 0 trains all weights (local backend only)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16
+    compile: str = "auto"  # auto | on | off: fused element-wise kernels for the local trainer
     loss_reduction: str = "auto"  # auto | sum | active_token_mean | advantage_token_mean
 
     def __post_init__(self) -> None:
@@ -156,6 +158,8 @@ class ModelConfig:
             raise ConfigError(
                 f"model.dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}"
             )
+        if self.compile not in {"auto", "on", "off"}:
+            raise ConfigError(f"model.compile must be auto, on or off; got {self.compile!r}")
         if self.loss_reduction not in LOSS_REDUCTIONS:
             raise ConfigError(
                 f"model.loss_reduction must be one of {', '.join(LOSS_REDUCTIONS)}; "
@@ -167,6 +171,11 @@ class ModelConfig:
                 f'(use "auto" or "sum"), got {self.loss_reduction!r}'
             )
         if self.backend != "local":
+            if self.compile == "on":
+                raise ConfigError(
+                    f"model.compile = on describes the local trainer; {self.backend} compiles "
+                    'its own kernels (use "auto" or "off")'
+                )
             if self.lora_rank == 0:
                 raise ConfigError(
                     f"model.lora_rank = 0 (full fine-tuning) is not offered by {self.backend}: "

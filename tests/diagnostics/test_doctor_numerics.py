@@ -23,3 +23,19 @@ def test_numerics_row_shows_a_runs_record_or_measures_auto(tmp_path):
     assert model_shapes("tiny-random").hidden == 64
     remote = load_config(None, ["model.backend=tinker", "model.base_model=Qwen/Qwen3-8B"])
     assert check_numerics(remote, None).status == "info"
+
+
+def test_numerics_row_says_whether_the_trainer_compiles(monkeypatch):
+    from retool.backends.local import compiled
+
+    monkeypatch.setattr(compiled, "compiler_missing", lambda device: None)
+    bf16 = load_config(None, ["model.base_model=tiny-random", "model.dtype=bfloat16"])
+    assert check_numerics(bf16, None).detail.endswith("trainer compile on (auto: bf16 trainer)")
+    fp32 = load_config(None, ["model.base_model=tiny-random", "model.dtype=float32"])
+    assert check_numerics(fp32, None).detail.endswith("compile off (auto: trainer float32)")
+    monkeypatch.setattr(compiled, "compiler_missing", lambda device: "no C++ compiler (g++)")
+    forced = load_config(
+        None, ["model.base_model=tiny-random", "model.dtype=float32", "model.compile=on"]
+    )
+    row = check_numerics(forced, None)
+    assert row.status == "fail" and "model.compile = on, but no C++ compiler" in row.detail

@@ -149,6 +149,28 @@ def test_numerics_are_recorded_and_a_resume_refuses_a_change(tmp_path):
     record_numerics(run, SimpleNamespace(), resume=True)  # a remote service: nothing to record
 
 
+def test_the_trainers_compile_choice_is_recorded_and_logged_on_every_start(tmp_path):
+    from retool.backends.local.compiled import CompileChoice
+
+    run = SimpleNamespace(path=tmp_path, lines=[])
+    run.log = run.lines.append
+    chosen = Numerics("auto", "float32", "bfloat16", (), {"flags": "amx_bf16"})
+    on = CompileChoice("auto", True, "auto: bf16 trainer")
+    record_numerics(run, SimpleNamespace(numerics=chosen), False, None, on)
+    stored = json.loads((tmp_path / NUMERICS_FILE).read_text())
+    assert stored["compile"] == {
+        "requested": "auto",
+        "enabled": True,
+        "reason": "auto: bf16 trainer",
+    }
+    assert "trainer: compile on (auto: bf16 trainer)" in run.lines
+    # a resumed process may decide otherwise (no compiler there): logged, not refused
+    off = CompileChoice("auto", False, "auto: no C++ compiler (g++, c++ or clang++) on PATH")
+    record_numerics(run, SimpleNamespace(numerics=chosen), True, None, off)
+    assert run.lines[-1] == f"trainer: {off.summary()}"
+    assert json.loads((tmp_path / NUMERICS_FILE).read_text()) == stored
+
+
 def test_step_numerics_never_override_the_trainers_metrics():
     step = StepNumerics([], None, {"train/sampler_kl": 1.0, "train/correction_fraction": 0.5})
     assert step.finish({"train/sampler_kl": 0.0}) == {"train/correction_fraction": 0.5}

@@ -35,7 +35,11 @@ def service_client(
         from retool.backends.local import LocalServiceClient
 
         return LocalServiceClient(
-            device=model.device, dtype=model.dtype, checkpoint_root=checkpoint_root, **local_options
+            device=model.device,
+            dtype=model.dtype,
+            compile=model.compile,
+            checkpoint_root=checkpoint_root,
+            **local_options,
         )
     if model.backend == "pytrio":
         return PytrioServiceClient(model, checkpoint_root=checkpoint_root)

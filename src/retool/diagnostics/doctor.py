@@ -192,8 +192,17 @@ def check_numerics(config: Any, run_dir: str | None) -> Check:
         return Check("numerics", "info", f"not measured: {exc}")
     if model.dtype == "auto" and shapes is None:
         return Check("numerics", "info", "auto: measured when the model first loads")
+    from retool.backends.local.compiled import resolve_compile
+
     numerics = resolve_numerics(model.dtype, shapes, Workload.from_config(config))
-    return Check("numerics", "ok", numerics.summary())
+    import torch
+
+    device = model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    choice = resolve_compile(model.compile, numerics.trainer, device)
+    status = "fail" if model.compile == "on" and not choice.enabled else "ok"
+    return Check("numerics", status, f"{numerics.summary()}; trainer {choice.summary()}")
 
 
 def check_data(spec: str, name: str) -> Check:

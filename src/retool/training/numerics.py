@@ -119,11 +119,19 @@ def sampler_numerics(numerics: Any, config: Any) -> Any:
     return dataclasses.replace(numerics, sampler=config.sampler.dtype)
 
 
-def record_numerics(run: Any, service: Any, resume: bool, numerics: Any = None) -> None:
-    """Write ``numerics.json`` (and a log line); on resume, refuse a change."""
+def record_numerics(
+    run: Any, service: Any, resume: bool, numerics: Any = None, compile_choice: Any = None
+) -> None:
+    """Write ``numerics.json`` (and a log line); on resume, refuse a change.
+
+    ``compile_choice`` (the trainer's :class:`~retool.backends.local.compiled.CompileChoice`)
+    is logged in every process (a resumed one may decide differently: it changes speed,
+    not the numerics class) and stored with the first record."""
     numerics = numerics or getattr(service, "numerics", None)
     if numerics is None:
         return
+    if compile_choice is not None:
+        run.log(f"trainer: {compile_choice.summary()}")
     recorded = read_numerics(run.path) if resume else None
     if recorded is not None and (recorded.sampler, recorded.trainer) != (
         numerics.sampler,
@@ -137,7 +145,10 @@ def record_numerics(run: Any, service: Any, resume: bool, numerics: Any = None) 
     if recorded is None:
         from retool.backends.local.models import atomic_write_text
 
-        text = json.dumps(numerics.to_dict(), indent=2) + "\n"
+        record = numerics.to_dict()
+        if compile_choice is not None:
+            record["compile"] = dataclasses.asdict(compile_choice)
+        text = json.dumps(record, indent=2) + "\n"
         atomic_write_text(Path(run.path) / NUMERICS_FILE, text)
         run.log(f"numerics: {numerics.summary()}")
 

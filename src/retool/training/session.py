@@ -178,7 +178,9 @@ class Session:
         )
         # local backend: per-role dtypes; a vLLM sampler computes in sampler.dtype
         self.numerics = sampler_numerics(getattr(service, "numerics", None), config)
-        record_numerics(self.run, service, resume, self.numerics)
+        record_numerics(
+            self.run, service, resume, self.numerics, getattr(self.trainer, "compile", None)
+        )
         self.policy_sampler: Any = None  # sampler.engine = "vllm": the run's engine + weight sync
         limit = self.trainer.max_context_tokens
         if limit is not None and 0 < limit < cfg.max_train_tokens:

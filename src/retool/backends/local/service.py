@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from retool.backends.local.allocator import release_large_blocks_to_os
+from retool.backends.local.compiled import REQUESTS as COMPILE_REQUESTS
+from retool.backends.local.compiled import CompileChoice, resolve_compile
 from retool.backends.local.dtype import (
     ModelShapes,
     Numerics,
@@ -48,9 +50,12 @@ class LocalServiceClient:
         gradient_checkpointing: bool = True,
         workload: Workload | None = None,
         numerics: Numerics | None = None,
+        compile: str = "auto",
     ) -> None:
         """``dtype``: ``auto`` measures per role (:mod:`.dtype`) at ``workload``'s rows when the
-        first model loads; ``numerics`` pins an earlier choice (a resumed run keeps its own)."""
+        first model loads; ``numerics`` pins an earlier choice (a resumed run keeps its own).
+        ``compile``: ``auto`` | ``on`` | ``off``, the trainer's fused element-wise kernels
+        (:mod:`.compiled`), decided from the trainer's dtype once it is known."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -70,6 +75,10 @@ class LocalServiceClient:
                 f"model.dtype = {dtype!r} differs from the run's recorded numerics "
                 f"({numerics.summary()}); keep the run's dtype or start a new run"
             )
+        if compile not in COMPILE_REQUESTS:
+            raise ConfigError(
+                f"compile must be one of {', '.join(COMPILE_REQUESTS)}, got {compile!r}"
+            )
         if max_context_tokens <= 0:
             raise ConfigError(f"max_context_tokens must be > 0, got {max_context_tokens}")
         self.device = torch.device(device)
@@ -78,6 +87,8 @@ class LocalServiceClient:
         self.dtype = torch.float16 if dtype == "float16" else torch.float32
         self.workload = workload or Workload()
         self.numerics: Numerics | None = numerics  # resolved when the first model loads
+        self.requested_compile = compile
+        self.compile: CompileChoice | None = None  # resolved with the numerics
         self.checkpoint_root = Path(checkpoint_root)
         self.max_context_tokens = max_context_tokens
         self.gradient_checkpointing = gradient_checkpointing
@@ -104,6 +115,12 @@ class LocalServiceClient:
                     sampler_timer=time_model_decode(model, device),
                 )
             )
+        if self.compile is None:
+            self.compile = resolve_compile(
+                self.requested_compile, self.numerics.trainer, str(self.device)
+            )
+            if self.requested_compile == "on" and not self.compile.enabled:
+                raise ConfigError(self.compile.reason + "; set model.compile = off or auto")
         return self.numerics
 
     def _role_dtypes(self) -> tuple[Any, Any]:
@@ -124,6 +141,7 @@ class LocalServiceClient:
             self.gradient_checkpointing,
             autocast_dtype=autocast,
             sampler_dtype=sampler_dtype,
+            compile_choice=self.compile,
         )
 
     def _sampler_weights(self, model: Any) -> Any:

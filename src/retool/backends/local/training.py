@@ -32,13 +32,14 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from retool.backends.local import compiled
 from retool.backends.local.lora_fast import use_lean_lora_forward
 from retool.backends.local.losses import (
     LOSS_NAMES,
@@ -143,6 +144,7 @@ class LocalTrainingClient:
         share_prefix: bool = True,
         autocast_dtype: torch.dtype | None = None,
         sampler_dtype: torch.dtype | None = None,
+        compile_choice: compiled.CompileChoice | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -169,6 +171,16 @@ class LocalTrainingClient:
             recompute_layers(self._causal_lm(), recompute_fraction)
         use_lean_lora_forward(self.model)
         self.model.train()
+        # model.compile: fused element-wise kernels (compiled.py), built and tried here so a
+        # failing compiler falls back to eager before any step, with the reason recorded.
+        self.compile = compile_choice or compiled.CompileChoice("off", False, "not requested")
+        if self.compile.enabled:
+            compiled.patch(self._causal_lm())
+            failed = run_in_worker(
+                lambda: compiled.warm_up(self._causal_lm(), autocast_dtype, self.device)
+            )
+            if failed:
+                self.compile = replace(self.compile, enabled=False, reason=failed)
 
     # -- model plumbing -------------------------------------------------------
     def _causal_lm(self) -> Any:
@@ -541,6 +553,7 @@ class LocalTrainingClient:
             clone = clone.merge_and_unload()
         if self.sampler_dtype is not None:
             clone = clone.to(self.sampler_dtype)
+        compiled.strip(clone)  # the sampler decodes eagerly, on its own path
         clone.eval()
         disable = getattr(clone, "activation_checkpointing_disable", None) or getattr(
             clone, "gradient_checkpointing_disable", None
