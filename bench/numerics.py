@@ -16,7 +16,7 @@ float32 master weights and a float32 head):
    (4 prompts x 4 samples, then 16 continuations with a 40-token observation),
    ``--new-tokens`` each;
 3. training ``forward_backward`` (``ppo``) tok/s on ``--train-rows`` datums of
-   ``--train-tokens`` tokens (median of 2 after a warm-up), unrelated and sharing
+   ``--train-tokens`` tokens (median of 4 after a warm-up), unrelated and sharing
    their first ``--train-shared`` tokens (an RL group's prompt: the shared-prefix
    path), for float32, bf16 eager (``model.compile = "off"``) and bf16 as a run
    gets it (``auto``: element-wise kernels compiled where a compiler is found;
@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_backend import _observation, _prompts  # the same workload
 
 MODEL = "smollm2-135m-instruct"
+REPEATS = 4  # timed training calls per figure (median): 2 read 160 and 220 tok/s on one host
 RL_SETTINGS = [
     "train.questions_per_batch=2",
     "rollout.max_assistant_tokens=64",
@@ -167,7 +168,7 @@ def train_rate(trainer, rows: int, tokens: int, shared: int = 0) -> float:
         )
     trainer.forward_backward(data, "ppo").result()  # warm-up
     seconds = []
-    for _ in range(2):
+    for _ in range(REPEATS):
         started = time.perf_counter()
         trainer.forward_backward(data, "ppo").result()
         seconds.append(time.perf_counter() - started)
