@@ -8,6 +8,8 @@
   own keys on top, section by section.
 * :func:`scripted_rollout`: a :class:`RolloutConfig` for scripted samplers and
   fake sandboxes: no backoff between retries, so a failure test takes no time.
+* :func:`policy_datum`: a policy-loss datum over ``tokens`` (every position a loss
+  token with one advantage and sampled logprob -10), for the trainers' numerics tests.
 
 A test that pins a number says so with its own key, even where the base has
 the same value, so the builder can change without changing what it tests.
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.config import RolloutConfig
+from retool.types import Datum, ModelInput, TensorData
 
 Sections = dict[str, dict[str, Any]]
 
@@ -69,3 +72,16 @@ def write_run_toml(path: Path, base: Sections = TINY_RL, **sections: dict[str, A
 def scripted_rollout(**fields: Any) -> RolloutConfig:
     """A rollout config for scripted samplers: retries without backoff, ``fields`` on top."""
     return RolloutConfig(**{"retry_backoff": 0.0, **fields})
+
+
+def policy_datum(tokens: list[int], advantage: float) -> Datum:
+    """``tokens`` as input and shifted targets, each target a loss token with ``advantage``."""
+    n = len(tokens) - 1
+    return Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {
+            "target_tokens": TensorData.from_list(tokens[1:], "int64"),
+            "logprobs": TensorData.from_list([-10.0] * n),
+            "advantages": TensorData.from_list([advantage] * n),
+        },
+    )

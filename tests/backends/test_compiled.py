@@ -10,7 +10,7 @@ from retool.backends.local import compiled
 from retool.backends.local.compiled import CompileChoice, resolve_compile
 from retool.config import ModelConfig
 from retool.errors import ConfigError
-from retool.types import Datum, ModelInput, TensorData
+from tests.builders import policy_datum
 
 
 def test_auto_compiles_a_bf16_trainer_only(monkeypatch):
@@ -57,23 +57,17 @@ def test_config_field_is_checked():
 # -- compiled against eager on tiny-random --------------------------------------------
 
 
-def _datum(tokens, advantage):
-    n = len(tokens) - 1
-    return Datum(
-        ModelInput.from_ints(tokens[:-1]),
-        {
-            "target_tokens": TensorData.from_list(tokens[1:], "int64"),
-            "logprobs": TensorData.from_list([-10.0] * n),
-            "advantages": TensorData.from_list([advantage] * n),
-        },
-    )
-
-
 PREFIX = list(range(10, 40))  # 30 shared tokens: the shared-prefix path
 BATCHES = [
-    [_datum(PREFIX + list(range(100, 120)), 1.0), _datum(PREFIX + list(range(200, 240)), -0.5)],
-    [_datum(list(range(10, 60)), 1.0), _datum(list(range(300, 330)), -0.5)],  # plain path
-    [_datum(PREFIX + list(range(400, 407)), 0.7)],  # one row, another length
+    [
+        policy_datum(PREFIX + list(range(100, 120)), 1.0),
+        policy_datum(PREFIX + list(range(200, 240)), -0.5),
+    ],
+    [  # the plain path
+        policy_datum(list(range(10, 60)), 1.0),
+        policy_datum(list(range(300, 330)), -0.5),
+    ],
+    [policy_datum(PREFIX + list(range(400, 407)), 0.7)],  # one row, another length
 ]
 
 

@@ -15,7 +15,8 @@ from retool.backends.local.dtype import (
     time_projections,
 )
 from retool.errors import ConfigError
-from retool.types import AdamParams, Datum, ModelInput, SamplingParams, TensorData
+from retool.types import AdamParams, ModelInput, SamplingParams
+from tests.builders import policy_datum
 
 SHAPES = ModelShapes(hidden=64, intermediate=128, kv=32, vocab=1000, layers=2)
 SMOLLM2 = ModelShapes(hidden=576, intermediate=1536, kv=192, vocab=49152, layers=30)
@@ -136,19 +137,7 @@ def test_a_pinned_choice_conflicting_with_an_explicit_dtype_is_refused(tmp_path)
 # -- bf16 against float32 on tiny-random --------------------------------------------
 
 
-def _datum(tokens, advantage):
-    n = len(tokens) - 1
-    return Datum(
-        ModelInput.from_ints(tokens[:-1]),
-        {
-            "target_tokens": TensorData.from_list(tokens[1:], "int64"),
-            "logprobs": TensorData.from_list([-10.0] * n),
-            "advantages": TensorData.from_list([advantage] * n),
-        },
-    )
-
-
-DATA = [_datum(list(range(10, 60)), 1.0), _datum(list(range(100, 130)), -0.5)]
+DATA = [policy_datum(list(range(10, 60)), 1.0), policy_datum(list(range(100, 130)), -0.5)]
 
 
 def _clients(tmp_path, full):
@@ -211,7 +200,7 @@ def test_bf16_sampler_holds_bf16_weights_and_its_logprobs_are_close(tmp_path):
         sampler.close()
     seq = response.sequences[0]
     tokens = prompt + list(seq.tokens)
-    datum = _datum(tokens, 1.0)
+    datum = policy_datum(tokens, 1.0)
     out = trainer.forward([datum], "importance_sampling").result()
     trained = out.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
     assert np.abs(np.asarray(seq.logprobs) - trained).max() < 0.1
