@@ -134,3 +134,32 @@ def test_a_failing_compiler_falls_back_to_eager_before_any_step(tmp_path, monkey
     _, lp_eager, g_eager = _train(tmp_path, "float32", "off")
     np.testing.assert_array_equal(lp_eager, lp_fused)  # eager: the same computation
     assert torch.equal(g_eager, g_fused)
+
+
+def test_a_graph_failing_after_start_runs_that_call_and_later_ones_eagerly(tmp_path, monkeypatch):
+    from retool.backends.local import LocalServiceClient
+
+    monkeypatch.setattr(compiled, "_FAILED", [])
+    service = LocalServiceClient(dtype="float32", compile="on", checkpoint_root=tmp_path)
+    trainer = service.create_lora_training_client("tiny-random", rank=4, seed=0)
+    assert trainer.compile.enabled  # the warm-up compiled
+
+    def broken(cls):
+        def run(*args, **kwargs):
+            raise torch._dynamo.exc.TorchDynamoException("a new shape class")
+
+        return run
+
+    monkeypatch.setattr(compiled, "_compiled_forward", broken)
+    batch = BATCHES[1]
+    with pytest.warns(RuntimeWarning, match="torch.compile failed \\(a new shape class\\)"):
+        fused = trainer.forward(batch, "importance_sampling").result()
+    assert compiled._FAILED == ["compile failed: a new shape class"]
+    eager = (
+        LocalServiceClient(dtype="float32", compile="off", checkpoint_root=tmp_path / "e")
+        .create_lora_training_client("tiny-random", rank=4, seed=0)
+        .forward(batch, "importance_sampling")
+        .result()
+    )
+    for a, b in zip(fused.loss_fn_outputs, eager.loss_fn_outputs, strict=True):
+        np.testing.assert_allclose(a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), atol=1e-6)

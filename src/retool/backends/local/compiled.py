@@ -39,7 +39,10 @@ whatever the dtype (an error at start when no compiler is found). ``off``.
 Safety. The compiled functions are built and run once at trainer start
 (:func:`warm_up`, forward and backward, under the trainer's autocast), so a
 compiler that fails does so before any step: the trainer then warns, runs
-those modules eagerly (the same values) and records why. Sampling snapshots
+those modules eagerly (the same values) and records why. A later graph (a
+shape class the warm-up did not meet) that fails to compile in the forward
+pass falls back the same way for that call and every later one; a failure
+while compiling a backward pass is not caught (none has been seen). Sampling snapshots
 (deep copies of the trainer's model) drop the patch (:func:`strip`): the
 sampler keeps its own eager decode path.
 """
@@ -116,7 +119,28 @@ def _compiled_forward(cls: type) -> Any:
 def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     if _FAILED:
         return type(self).forward(self, *args, **kwargs)
-    return _compiled_forward(type(self))(self, *args, **kwargs)
+    try:
+        return _compiled_forward(type(self))(self, *args, **kwargs)
+    except torch._dynamo.exc.TorchDynamoException as exc:
+        # A graph the warm-up did not build (a new shape class) failed to compile. The
+        # forward has changed nothing yet, so this call and every later one run eagerly.
+        _fail(exc)
+        return type(self).forward(self, *args, **kwargs)
+
+
+def _fail(exc: BaseException) -> str:
+    """Record the first compile failure and warn once; the reason for the record."""
+    text = str(exc).strip()
+    message = text.splitlines()[0][:200] if text else type(exc).__name__
+    if not _FAILED:
+        _FAILED.append(f"compile failed: {message}")
+        warnings.warn(
+            f"model.compile: torch.compile failed ({message}); the trainer runs eagerly "
+            "(the same values, without the fused kernels)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return _FAILED[0]
 
 
 def _parts(model: Any) -> list[Any]:
@@ -180,14 +204,7 @@ def warm_up(model: Any, autocast_dtype: torch.dtype | None, device: torch.device
                     out = module(x)
                 out.float().sum().backward()
     except torch._dynamo.exc.TorchDynamoException as exc:
-        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        _FAILED.append(f"compile failed: {message}")
-        warnings.warn(
-            f"model.compile: torch.compile failed ({message}); the trainer runs eagerly "
-            "(the same values, without the fused kernels)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _fail(exc)
     finally:
         for param in model.parameters():
             param.grad = None
