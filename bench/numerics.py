@@ -265,8 +265,9 @@ def main() -> None:
                 sampler.close()
                 figures[key]["sample_tok_s"] = tokens / seconds
                 samples[key] = sampled_datums(sequences)
-                rate = tokens / seconds
-                line += f"; sampler {tokens} tokens in {seconds:.1f}s = {rate:.1f} tok/s"
+                line += (
+                    f"; sampler {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.1f} tok/s"
+                )
             rate = train_rate(trainer, args.train_rows, args.train_tokens)
             rate_shared = train_rate(trainer, args.train_rows, args.train_tokens, shared)
             figures[key].update({"train_tok_s": rate, "train_shared_tok_s": rate_shared})

@@ -42,9 +42,9 @@ compiler that fails does so before any step: the trainer then warns, runs
 those modules eagerly (the same values) and records why. A later graph (a
 shape class the warm-up did not meet) that fails to compile in the forward
 pass falls back the same way for that call and every later one; a failure
-while compiling a backward pass is not caught (none has been seen). Sampling snapshots
-(deep copies of the trainer's model) drop the patch (:func:`strip`): the
-sampler keeps its own eager decode path.
+while compiling a backward pass is not caught (none has been seen).
+Sampling snapshots (deep copies of the trainer's model) drop the patch
+(:func:`strip`): the sampler keeps its own eager decode path.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ import os
 import shutil
 import types
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,25 +184,25 @@ def strip(model: Any) -> int:
     return count
 
 
-def warm_up(model: Any, autocast_dtype: torch.dtype | None, device: torch.device) -> str | None:
+def warm_up(
+    model: Any, autocast: Callable[[], AbstractContextManager[Any]], device: torch.device
+) -> str | None:
     """Compile and run the patched modules once, forward and backward, the way training
-    will (under its autocast, with gradients, at 2 rows and at 1); None, or why it failed
-    (the modules then run eagerly, as :func:`_forward` falls back)."""
+    will (under the trainer's ``autocast()``, with gradients, at 2 rows and at 1); None, or
+    why it failed (the modules then run eagerly, as :func:`_forward` falls back)."""
     parts = _parts(model)
     if not parts or _FAILED:
         return _FAILED[0] if _FAILED else None
-    hidden = _hidden_size(model)
-    # the residual stream's dtype: bf16 when a LoRA trainer holds its frozen embedding so
-    dtype = model.get_input_embeddings().weight.dtype
-    autocast = torch.autocast(
-        device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-    )
+    # the residual stream's width and dtype (bf16 when a LoRA trainer holds its frozen
+    # embedding so)
+    embedding = model.get_input_embeddings().weight
+    hidden, dtype = embedding.shape[1], embedding.dtype
     layer_parts = {type(p): p for p in parts}  # one module of each class
     try:
         for rows in (2, 1):
             for module in layer_parts.values():
                 x = torch.randn(rows, 17, hidden, device=device, dtype=dtype, requires_grad=True)
-                with torch.enable_grad(), autocast:
+                with torch.enable_grad(), autocast():
                     out = module(x)
                 out.float().sum().backward()
     except torch._dynamo.exc.TorchDynamoException as exc:
@@ -209,11 +211,3 @@ def warm_up(model: Any, autocast_dtype: torch.dtype | None, device: torch.device
         for param in model.parameters():
             param.grad = None
     return _FAILED[0] if _FAILED else None
-
-
-def _hidden_size(model: Any) -> int:
-    config = getattr(model, "config", None)
-    size = getattr(config, "hidden_size", None)
-    if not isinstance(size, int):
-        raise ValueError("model.compile needs the model's config.hidden_size")
-    return size

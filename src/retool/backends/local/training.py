@@ -177,12 +177,20 @@ class LocalTrainingClient:
         if self.compile.enabled:
             compiled.patch(self._causal_lm())
             failed = run_in_worker(
-                lambda: compiled.warm_up(self._causal_lm(), autocast_dtype, self.device)
+                lambda: compiled.warm_up(self._causal_lm(), self._autocast, self.device)
             )
             if failed:
                 self.compile = replace(self.compile, enabled=False, reason=failed)
 
     # -- model plumbing -------------------------------------------------------
+    def _autocast(self) -> torch.autocast:
+        """The context every forward of this trainer runs in (bf16 training: enabled)."""
+        return torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+        )
+
     def _causal_lm(self) -> Any:
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
@@ -306,14 +314,9 @@ class LocalTrainingClient:
         backward: bool,
     ) -> ForwardBackwardOutput:
         input_ids, mask, targets = self._batch(data, loss_fn)
-        autocast = torch.autocast(
-            self.device.type,
-            dtype=self.autocast_dtype or torch.bfloat16,
-            enabled=self.autocast_dtype is not None,
-        )
         with torch.set_grad_enabled(backward):
             lengths = [datum.model_input.length for datum in data]
-            with autocast:
+            with self._autocast():
                 logprobs = self._target_logprobs(input_ids, targets, lengths)
             flat = logprobs[mask.bool()]
             inputs = {
