@@ -52,6 +52,21 @@ QUESTIONS = [
 ]
 
 
+def _device() -> str:
+    """Where the models run: the GPU if there is one, as ``LocalServiceClient(device="auto")``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sync() -> None:
+    """Wait for queued GPU work (a CUDA call returns once its kernels are queued)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _prompts(tokenizer):
     from retool.protocol import get_protocol
 
@@ -77,7 +92,7 @@ def sampling_baseline(model, tokenizer, seed: int) -> tuple[int, float]:
     started = time.perf_counter()
 
     def generate(prompt: list[int], n: int) -> list[list[int]]:
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=model.device)
         with torch.no_grad():
             out = model.generate(
                 ids,
@@ -142,7 +157,7 @@ def run_sampling(repeats: int) -> None:
     from retool.backends.local.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(MODEL)
-    model = run_in_worker(lambda: load_model(MODEL).eval())
+    model = run_in_worker(lambda: load_model(MODEL).eval().to(_device()))
     rates: dict[str, list[float]] = {"baseline": [], "ours": [], "ours, HF decode": []}
     for repeat in range(repeats):
         n, seconds = run_in_worker(partial(sampling_baseline, model, tokenizer, seed=repeat))
@@ -191,14 +206,15 @@ def decode_profile(model, tokenizer, rows: int, lean: bool, new_tokens: int = 48
             try:
                 return call(*args, **kwargs)
             finally:
+                _sync()
                 if lean or kwargs.get("attention_mask") is not None:  # decode, not prefill
                     calls.append(time.perf_counter() - started)
 
         return run
 
     def timed_step():
-        assert engine._valid is not None
-        widths.append(engine._valid.shape[1])
+        assert engine._batch is not None
+        widths.append(engine._batch.width)
         started = time.perf_counter()
         original_step()
         steps.append(time.perf_counter() - started)
@@ -232,15 +248,21 @@ def decode_profile(model, tokenizer, rows: int, lean: bool, new_tokens: int = 48
         for _ in range(5):
             cache = DynamicCache()
             for layer in range(config.num_hidden_layers):
-                keys, values = (torch.randn(rows, heads, width, dim) for _ in range(2))
+                keys, values = (
+                    torch.randn(rows, heads, width, dim, dtype=model.dtype, device=model.device)
+                    for _ in range(2)
+                )
                 cache.update(keys, values, layer)
-            ids = torch.randint(0, 1000, (rows, 1))
+            ids = torch.randint(0, 1000, (rows, 1), device=model.device)
             # An all-ones mask: without one, transformers asks SDPA for its GQA mode,
             # which is slower on CPU than the packed-GQA path a mask selects.
-            mask = torch.ones(rows, width + 1, dtype=torch.long)
+            mask = torch.ones(rows, width + 1, dtype=torch.long, device=model.device)
+            _sync()
             started = time.perf_counter()
             with torch.no_grad():
-                model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+                kwargs = {engine._cache_kwarg: cache}  # an unknown name would drop the cache
+                model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
+            _sync()
             bare.append(time.perf_counter() - started)
 
     run_in_worker(bare_forwards)
@@ -257,7 +279,7 @@ def run_decode(repeats: int) -> None:
     from retool.backends.local.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(MODEL)
-    model = run_in_worker(lambda: load_model(MODEL).eval())
+    model = run_in_worker(lambda: load_model(MODEL).eval().to(_device()))
     for rows in (4, 16, 32):
         results: dict[bool, list[dict]] = {False: [], True: []}
         for repeat in range(repeats):
@@ -305,7 +327,7 @@ def training_child(variant: str) -> None:
         from retool.backends.local.training import DEFAULT_TARGET_MODULES
 
         model = get_peft_model(
-            load_model(MODEL),
+            load_model(MODEL).to(_device()),
             LoraConfig(
                 r=32,
                 lora_alpha=32,
@@ -329,25 +351,32 @@ def training_child(variant: str) -> None:
                 },
             )
         )
+    device = _device()
     started = time.perf_counter()
     if variant == "ours":
         client.forward_backward(data, "ppo").result()
     else:
-        ids = torch.tensor([d.model_input.to_ints() for d in data])
-        targets = torch.tensor([d.loss_fn_inputs["target_tokens"].tolist() for d in data])
+        ids = torch.tensor([d.model_input.to_ints() for d in data], device=device)
+        targets = torch.tensor(
+            [d.loss_fn_inputs["target_tokens"].tolist() for d in data], device=device
+        )
         logits = model(input_ids=ids).logits.float()
         logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         old = torch.full_like(logprobs, -10.0)
-        adv = torch.tensor([[0.5 if i % 2 else -0.5] * 512 for i in range(8)])
+        adv = torch.tensor([[0.5 if i % 2 else -0.5] * 512 for i in range(8)], device=device)
         loss, _ = compute_loss(
             "ppo",
             logprobs.reshape(-1),
             {"logprobs": old.reshape(-1), "advantages": adv.reshape(-1)},
         )
         loss.backward()
+    _sync()
     seconds = time.perf_counter() - started
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": seconds, "peak_rss_gb": peak_kb / 1024 / 1024}))
+    figures = {"seconds": seconds, "peak_rss_gb": peak_kb / 1024 / 1024}
+    if device == "cuda":  # the activations live on the GPU: RSS does not see them
+        figures["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 1024**3
+    print(json.dumps(figures))
 
 
 def run_training(repeats: int) -> None:
@@ -362,10 +391,11 @@ def run_training(repeats: int) -> None:
             )
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             results[variant].append(figures)
+            gpu = figures.get("peak_cuda_gb")
             print(
                 f"  training {variant:<8} repeat {repeat + 1}: {figures['seconds']:.1f}s, "
                 f"{8 * 512 / figures['seconds']:.0f} tok/s, peak RSS "
-                f"{figures['peak_rss_gb']:.2f} GB",
+                f"{figures['peak_rss_gb']:.2f} GB" + (f", peak CUDA {gpu:.2f} GB" if gpu else ""),
                 flush=True,
             )
     med = {

@@ -66,6 +66,8 @@ def _ratio(new: float, old: float) -> str:
 
 
 def auto_choice() -> object:
+    import torch
+
     from retool.backends.local.dtype import (
         ModelShapes,
         Workload,
@@ -77,12 +79,17 @@ def auto_choice() -> object:
     from retool.config import load_config
 
     config = load_config("configs/demo.toml")
-    model = run_in_worker(lambda: load_model(MODEL).eval())
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # LocalServiceClient's "auto"
+    model = run_in_worker(lambda: load_model(MODEL).eval().to(device))
     shapes = ModelShapes.from_config(model.config)
     started = time.perf_counter()
     numerics = run_in_worker(  # as LocalServiceClient measures it at start
         lambda: resolve_numerics(
-            "auto", shapes, Workload.from_config(config), sampler_timer=time_model_decode(model)
+            "auto",
+            shapes,
+            Workload.from_config(config),
+            device=device,
+            sampler_timer=time_model_decode(model, device),
         )
     )
     return numerics, time.perf_counter() - started
@@ -231,7 +238,8 @@ def main() -> None:
 
     load = os.getloadavg()
     numerics, auto_s = auto_choice()
-    print(f"host       {numerics.host['cpu']}; flags {numerics.host['flags']}", flush=True)
+    gpu = f"; GPU {numerics.host['gpu']}" if "gpu" in numerics.host else ""
+    print(f"host       {numerics.host['cpu']}; flags {numerics.host['flags']}{gpu}", flush=True)
     print(
         f"           torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at start",

@@ -31,6 +31,8 @@ class EngineClock:
     and the model call inside them; rows and cache width summed over the decode steps."""
 
     def __init__(self) -> None:
+        import torch
+
         from retool.backends.local.engine import SamplingEngine
 
         try:
@@ -42,12 +44,16 @@ class EngineClock:
         self._reset()
         clock = self
 
-        def timed(original, key: str):
+        # On CUDA a model call returns once its kernels are queued: wait for them.
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+        def timed(original, key: str, wait=lambda: None):
             def run(*args, **kwargs):
                 started = time.perf_counter()
                 try:
                     return original(*args, **kwargs)
                 finally:
+                    wait()
                     with clock._lock:
                         clock.seconds[key] += time.perf_counter() - started
 
@@ -59,13 +65,13 @@ class EngineClock:
             with clock._lock:
                 clock.steps += 1
                 clock.rows += len(engine._rows)
-                clock.width += engine._valid.shape[1] if engine._valid is not None else 0
+                clock.width += engine._batch.width if engine._batch is not None else 0
             return original_step(engine)
 
         SamplingEngine._step = timed(step, "decode")
         SamplingEngine._admit = timed(SamplingEngine._admit, "prefill")
         if LeanDecoder is not None:
-            LeanDecoder.step = timed(LeanDecoder.step, "model")
+            LeanDecoder.step = timed(LeanDecoder.step, "model", sync)
 
     def _reset(self) -> None:
         self.seconds = {"prefill": 0.0, "decode": 0.0, "model": 0.0}

@@ -485,7 +485,9 @@ class LocalTrainingClient:
                 self._optimizer = None
                 return
             try:
-                state = torch.load(root / "state.pt", weights_only=False)
+                # map_location: a checkpoint saved on a GPU resumes on a CPU-only host too
+                # (load_state_dict moves the optimizer's state to its parameters' device).
+                state = torch.load(root / "state.pt", weights_only=False, map_location="cpu")
             except (RuntimeError, EOFError, ValueError) as exc:  # truncated: torch's own words
                 raise BackendError(
                     f"{root / 'state.pt'}: damaged optimizer state ({str(exc)[:120]}); resume "
