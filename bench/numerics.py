@@ -71,8 +71,8 @@ def auto_choice() -> object:
     from retool.backends.local.dtype import (
         ModelShapes,
         Workload,
-        model_timers,
         resolve_numerics,
+        time_model_decode,
     )
     from retool.backends.local.models import load_model
     from retool.backends.local.threads import run_in_worker
@@ -89,7 +89,7 @@ def auto_choice() -> object:
             shapes,
             Workload.from_config(config),
             device=device,
-            **model_timers(model, device),
+            sampler_timer=time_model_decode(model, device),
         )
     )
     return numerics, time.perf_counter() - started

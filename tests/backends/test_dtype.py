@@ -110,51 +110,6 @@ def test_the_real_timer_measures_and_stops_early():
     assert not complete and partial > 0
 
 
-def test_a_role_timer_replaces_the_projections_for_its_role():
-    # On a GPU the trainer is timed on the model itself (launch-bound at 135M: the
-    # projections alone read bf16 3.25x faster where a training call ran at 0.78x).
-    projections, calls = _timer({16: 3.0, 4096: 3.0})
-    seen = []
-
-    def trainer_timer(shapes, rows, dtype, give_up_after):
-        seen.append((rows, dtype, shapes.vocab))
-        return (1.0 if dtype == "float32" else 1 / 0.78), True
-
-    numerics = resolve_numerics(
-        "auto",
-        SMOLLM2,
-        Workload(16, 4096),
-        timer=projections,
-        trainer_timer=trainer_timer,
-        host=HOST,
-    )
-    assert (numerics.sampler, numerics.trainer) == ("bfloat16", "float32")
-    assert calls == [(16, "float32"), (16, "bfloat16")]  # the sampler's role only
-    assert seen == [(4096, "float32", 0), (4096, "bfloat16", 0)]  # without the head
-    assert numerics.timings[1].speedup == pytest.approx(0.78)
-
-
-def test_the_model_forward_timer_runs_the_decoder_in_sequences_without_the_head():
-    from retool.backends.local.dtype import model_timers, time_model_forward
-    from retool.backends.local.models import load_model
-
-    model = load_model("tiny-random").eval()
-    inputs, head_calls = [], []
-    model.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: inputs.append(tuple(kwargs["input_ids"].shape)),
-        with_kwargs=True,
-    )
-    model.lm_head.register_forward_hook(lambda *_: head_calls.append(1))
-    timer = time_model_forward(model, "cpu", sequence=64, decoder_only=True)
-    seconds, complete = timer(SHAPES, 256, "float32", None)
-    assert seconds > 0 and complete
-    assert inputs == [(4, 64)] * 3 and head_calls == []  # a warm-up, then best of 2
-    _, complete = timer(SHAPES, 256, "bfloat16", 0.0)  # over float32's 0 s: gives up
-    assert not complete and len(inputs) == 4  # after one call of the bf16 copy (on a CPU)
-    assert set(model_timers(model, "cpu")) == {"sampler_timer"}  # a CPU times projections
-    assert set(model_timers(model, "cuda")) == {"sampler_timer", "trainer_timer"}
-
-
 def test_shapes_and_workload_from_configs():
     from retool.backends.local.models import tiny_random_config
     from retool.config import load_config

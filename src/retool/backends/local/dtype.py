@@ -14,13 +14,6 @@ the trainer, the decoder's projections (hidden, intermediate and key/value
 sizes from its config; not the output head, whose logits a bf16 trainer
 computes in float32 too) with ``F.linear`` at the micro-batch's positions
 (compute-bound, so one matrix per shape is representative).
-On a GPU the trainer is timed on the real model too, as the decoder's
-forward (without the head) over the micro-batch's positions in sequences of
-:data:`TRAIN_SEQUENCE`: a 135M model's step there is bound by kernel launches
-and element-wise work, which the projections alone do not show (2026-12-04, an
-H200: the projections at 4096 rows read bf16 3.25x faster, while a bf16
-``forward_backward`` of 4 x 256 tokens ran at 0.78x float32's speed and one of
-16 x 1024 at 1.72x).
 ``retool doctor``, which loads no weights, times projections for both roles.
 A role gets bf16 only when it is at least :data:`BF16_MARGIN` times faster,
 so timing noise can never make a run slower than float32.
@@ -73,7 +66,6 @@ MAX_OUT = 2048  # wider projections are timed at this width and scaled
 MAX_ROWS = 512  # more rows are timed at this count and scaled
 MIN_BATCH_S = 2e-3  # each timed batch of one shape lasts at least this long
 MIN_FLOP = 2e9  # a role doing less per step (a tiny test model) stays float32, unmeasured
-TRAIN_SEQUENCE = 512  # a GPU trainer's timing: the micro-batch's positions as such sequences
 REQUESTS = ("auto", "float32", "bfloat16", "float16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
 
@@ -302,10 +294,8 @@ def time_projections(
             width = min(fan_out, MAX_OUT)
             x = torch.randn(measured_rows, fan_in, dtype=torch_dtype, device=device)
             w = torch.randn(width, fan_in, dtype=torch_dtype, device=device)
-            F.linear(x, w)  # warm-up: packing, kernel selection
-            sync()
             started = time.perf_counter()
-            F.linear(x, w)  # warm: what one product costs (the first also chose kernels)
+            F.linear(x, w)  # warm-up: packing, kernel selection
             sync()
             # Small products take microseconds: repeat each to >= MIN_BATCH_S so that a
             # scheduler hiccup on a loaded machine cannot decide the choice.
@@ -333,18 +323,6 @@ def time_model_decode(model: Any, device: str = "cpu") -> Timer:
     matrix does not show: the sampler is timed on the model itself (and a bf16
     copy of it), the head included.
     """
-    return time_model_forward(model, device)
-
-
-def time_model_forward(
-    model: Any, device: str = "cpu", *, sequence: int = 1, decoder_only: bool = False
-) -> Timer:
-    """A timer of the real model's forward of ``rows`` positions, as ``rows // sequence``
-    sequences of ``sequence`` tokens, in float32 and in a bf16 copy of the model.
-
-    ``decoder_only`` runs the decoder without the output head (``model.model``):
-    the trainer's view, whose head stays float32 in bf16 too.
-    """
     import copy
 
     import torch
@@ -359,11 +337,7 @@ def time_model_forward(
             copies.clear()  # one extra copy alive at a time
             copies[dtype] = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
         target = copies[dtype]
-        if decoder_only:
-            target = target.get_decoder()
-        length = max(1, min(sequence, rows))
-        shape = (max(1, rows // length), length)
-        ids = torch.randint(0, shapes.vocab or 1000, shape, device=device)
+        ids = torch.randint(0, shapes.vocab, (rows, 1), device=device)  # one decode step
         best = float("inf")
         with torch.no_grad():
             for attempt in range(3):  # a warm-up, then best of 2
@@ -386,17 +360,6 @@ def time_model_forward(
     return timer
 
 
-def model_timers(model: Any, device: str) -> dict[str, Timer]:
-    """``resolve_numerics``'s timers for a loaded model: the sampler's decode step always;
-    on a GPU the trainer's decoder forward too (on a CPU its projections decide)."""
-    timers = {"sampler_timer": time_model_decode(model, device)}
-    if device.startswith("cuda"):
-        timers["trainer_timer"] = time_model_forward(
-            model, device, sequence=TRAIN_SEQUENCE, decoder_only=True
-        )
-    return timers
-
-
 def resolve_numerics(
     requested: str,
     shapes: ModelShapes | None,
@@ -406,10 +369,9 @@ def resolve_numerics(
     timer: Timer | None = None,
     host: Mapping[str, str] | None = None,
     sampler_timer: Timer | None = None,
-    trainer_timer: Timer | None = None,
 ) -> Numerics:
     """The numerics for ``model.dtype = requested``; ``auto`` measures with ``timer``
-    (``sampler_timer`` / ``trainer_timer`` for that role when given: :func:`model_timers`)."""
+    (``sampler_timer`` for the sampler's role when given: :func:`time_model_decode`)."""
     if requested not in REQUESTS:
         raise ValueError(f"dtype must be one of {', '.join(REQUESTS)}, got {requested!r}")
     info = dict(host) if host is not None else host_info(device)
@@ -426,7 +388,7 @@ def resolve_numerics(
             for role, rows in (("sampler", workload.decode_rows), ("trainer", workload.train_rows))
         )
         return Numerics("auto", "float32", "float32", timings, info)
-    key = (shapes, workload, device, sampler_timer is not None, trainer_timer is not None)
+    key = (shapes, workload, device, sampler_timer is not None)
     if timer is None and key in _MEASURED:  # one measurement per process and shape
         return _MEASURED[key]
     measure: Timer = timer or (
@@ -438,8 +400,7 @@ def resolve_numerics(
         if role_shapes.flops(rows) < MIN_FLOP:  # microseconds of work: noise would decide
             found.append(RoleTiming(role, rows, 0.0, 0.0, "float32", True))
             continue
-        role_timer = sampler_timer if role == "sampler" else trainer_timer
-        role_measure = role_timer or measure
+        role_measure = sampler_timer if role == "sampler" and sampler_timer else measure
         fp32, _ = role_measure(role_shapes, rows, "float32", None)
         bf16, complete = role_measure(role_shapes, rows, "bfloat16", fp32)
         chosen = choose_dtype(fp32, bf16) if complete else "float32"
@@ -450,7 +411,7 @@ def resolve_numerics(
     return numerics
 
 
-_MEASURED: dict[tuple[ModelShapes, Workload, str, bool, bool], Numerics] = {}
+_MEASURED: dict[tuple[ModelShapes, Workload, str, bool], Numerics] = {}
 
 
 def frozen_in_bfloat16(model: Any) -> int:

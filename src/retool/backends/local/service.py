@@ -21,8 +21,8 @@ from retool.backends.local.dtype import (
     Numerics,
     Workload,
     frozen_in_bfloat16,
-    model_timers,
     resolve_numerics,
+    time_model_decode,
 )
 from retool.backends.local.models import load_model, load_tokenizer
 from retool.backends.local.sampling import LocalSamplingClient
@@ -112,7 +112,7 @@ class LocalServiceClient:
                     ModelShapes.from_config(model.config),
                     self.workload,
                     device=device,
-                    **model_timers(model, device),
+                    sampler_timer=time_model_decode(model, device),
                 )
             )
         if self.compile is None:
