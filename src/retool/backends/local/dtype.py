@@ -15,6 +15,18 @@ sizes from its config; not the output head, whose logits a bf16 trainer
 computes in float32 too) with ``F.linear`` at the micro-batch's positions
 (compute-bound, so one matrix per shape is representative).
 ``retool doctor``, which loads no weights, times projections for both roles.
+
+On a GPU these timers read launch and synchronisation overhead as much as
+arithmetic. Measured 2026-12-04 on an H200 (SmolLM2-135M, four runs): ``auto``
+chose float32 for both roles in two runs, and float32 was the faster choice at
+the demo's shapes: our bf16 sampler ran at 0.56-0.80x of float32's tok/s, a bf16
+``forward_backward`` at 0.71-0.93x up to 8 x 512 tokens (1.72x only at
+16 x 1024): a 135M model there is bound by kernel launches, to which bf16's
+casts add. A timer of the real decoder's forward in a bf16 copy, tried for the
+trainer, read bf16 1.45-2.50x faster while the real calls were slower, and the
+sampler's one-token timer read 1.12-1.50x (around the margin) while the engine
+was slower; so neither times what our bf16 paths cost on a GPU, and a larger
+model there should set ``model.dtype`` itself (``bfloat16`` for a 4B model).
 A role gets bf16 only when it is at least :data:`BF16_MARGIN` times faster,
 so timing noise can never make a run slower than float32.
 
@@ -347,10 +359,7 @@ def time_model_decode(model: Any, device: str = "cpu") -> Timer:
                 seconds = time.perf_counter() - started
                 if attempt:
                     best = min(best, seconds)
-                # On CUDA the first call of a dtype also selects its kernels: only the
-                # timed calls may give up there.
-                warm_up_only = attempt == 0 and device.startswith("cuda")
-                if give_up_after is not None and not warm_up_only and seconds > 1.5 * give_up_after:
+                if give_up_after is not None and seconds > 1.5 * give_up_after:
                     copies.clear()
                     return seconds, False
         if dtype != "float32":
