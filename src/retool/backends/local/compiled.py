@@ -111,7 +111,7 @@ def resolve_compile(requested: str, trainer_dtype: str, device: str = "cpu") -> 
     return CompileChoice(requested, True, "auto: bf16 trainer")
 
 
-def _compiled_forward(cls: type) -> Any:
+def _compiled_forward(cls: type[torch.nn.Module]) -> Any:
     fn = _COMPILED.get(cls)
     if fn is None:
         fn = _COMPILED[cls] = torch.compile(cls.forward, dynamic=True)
@@ -148,7 +148,7 @@ def _fail(exc: BaseException) -> str:
 def _parts(model: Any) -> list[Any]:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    found = []
+    found: list[Any] = []
     for layer in model.modules():
         if isinstance(layer, GradientCheckpointingLayer):
             found.extend(getattr(layer, name) for name in LAYER_PARTS if hasattr(layer, name))
