@@ -263,6 +263,11 @@ def test_a_server_that_exits_at_start_is_one_line(tmp_path):
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 29)
     assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "16"
+    # No CUDA here: whole prompts only (a seeded request's partial prefill chunk killed a
+    # CPU engine); a GPU keeps vLLM's chunked prefill.
+    assert "--no-enable-chunked-prefill" in argv
+    on_gpu = server_command("/models/m", 8123, chunked_prefill=True)
+    assert "--no-enable-chunked-prefill" not in on_gpu
     env = server_env("0-1", base={})
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

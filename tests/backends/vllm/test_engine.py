@@ -94,6 +94,20 @@ def test_same_seed_same_tokens_different_seed_differs(policy):
     assert a.sequences[0].tokens != a.sequences[1].tokens  # samples of one request differ
 
 
+def test_seeded_prompts_beyond_one_steps_token_budget_all_sample(policy):
+    # 8 seeded prompts of 700 tokens are 5,600 tokens, over vLLM's CPU budget of 4,096 a
+    # step: with chunked prefill, a partial chunk's seeded generator was rewound
+    # (`set_offset`, CUDA generators only) and the engine died (a demo step's 48 rows).
+    client = policy.snapshot()
+    prompts = [[100 + (i * 7 + j) % 500 for j in range(700)] for i in range(8)]
+    futures = [
+        client.sample(ModelInput.from_ints(p), 1, SamplingParams(max_tokens=4, seed=i))
+        for i, p in enumerate(prompts)
+    ]
+    results = [f.result(300) for f in futures]
+    assert [len(r.sequences[0].tokens) for r in results] == [4] * 8
+
+
 def test_stop_token_and_stop_string_are_kept(policy):
     client = policy.snapshot()
     free = _sample(client, PROMPT, max_tokens=20, seed=5).sequences[0]

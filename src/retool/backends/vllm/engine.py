@@ -149,6 +149,8 @@ class VllmEngine:
     """One ``vllm.LLM`` engine, driven by one thread (see the module docstring)."""
 
     def __init__(self, model_dir: str | Path, options: EngineOptions) -> None:
+        import torch
+
         prepare_environment(options)
         self.vllm = import_vllm()
         self.options = options
@@ -168,6 +170,13 @@ class VllmEngine:
             kwargs.update(
                 enable_lora=True, max_lora_rank=lora_rank_slot(options.lora_rank), max_loras=2
             )
+        if not torch.cuda.is_available():
+            # vLLM 0.32 rewinds a seeded request's generator after a partial prefill chunk
+            # (`gen.set_offset`), which only CUDA generators support: on a CPU a step whose
+            # prompts exceed the token budget (4096; a demo step's 48 rows) killed the
+            # engine with "CPU Generator does not use offset". Whole prompts only, then
+            # (vLLM raises the budget to max_model_len).
+            kwargs["enable_chunked_prefill"] = False
         try:
             with _process_state_kept():  # an in-process engine changes both
                 self.llm = self.vllm.LLM(**kwargs)

@@ -749,10 +749,21 @@ def server_command(
     kv_cache_gb: float = 1.0,
     enable_lora: bool = True,
     enforce_eager: bool = True,
+    chunked_prefill: bool | None = None,
     python: str = sys.executable,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of ``vllm serve`` for ``model`` on ``127.0.0.1:port``."""
+    """The argv of ``vllm serve`` for ``model`` on ``127.0.0.1:port``.
+
+    ``chunked_prefill``: None = on where torch sees CUDA, off elsewhere. vLLM 0.32
+    rewinds a seeded request's generator after a partial prefill chunk, which a CPU
+    generator cannot do: on a CPU, prompts beyond one step's token budget (2048 for a
+    server) with seeds killed the engine ("CPU Generator does not use offset").
+    """
+    if chunked_prefill is None:
+        import torch
+
+        chunked_prefill = torch.cuda.is_available()
     argv = [
         python,
         "-m",
@@ -782,6 +793,8 @@ def server_command(
     ]
     if enforce_eager:
         argv.append("--enforce-eager")
+    if not chunked_prefill:  # whole prompts only; vLLM raises the budget to max_model_len
+        argv.append("--no-enable-chunked-prefill")
     if enable_lora:
         argv += ["--enable-lora", "--max-lora-rank", str(int(max_lora_rank))]
     return argv + list(extra)
