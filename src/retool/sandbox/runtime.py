@@ -128,12 +128,24 @@ def run_code(code: str, add_autoprint: Callable[[str], ast.Module | str]) -> int
 
 
 def exit_status(exc: SystemExit) -> tuple:
-    """``sys.exit(x)`` as Python reports it: int -> status; anything else -> 1 and str(x)."""
-    code = exc.code
+    """``sys.exit(x)`` as Python reports it: int -> status; anything else -> 1 and str(x).
+
+    By Python's rules, with no method of the code's called on an int: a ``code``
+    attribute that cannot be read leaves the exception itself as the value, an
+    ``int`` subclass counts by its value (never its ``__and__`` & co., which the
+    caller's masking would otherwise run after the code, outside its frames), and
+    a value a C ``long`` cannot hold is -1 (status 255), never its low byte.
+    """
+    code: Any
+    try:
+        code = exc.code
+    except BaseException:
+        code = exc
     if code is None:
         return 0, ""
-    if isinstance(code, int):
-        return code, ""
+    if issubclass(type(code), int):  # type(), not isinstance(): __class__ can lie
+        value: int = int.__int__(code)
+        return (value if -(1 << 63) <= value < 1 << 63 else -1), ""
     try:
         return 1, f"{code}\n"
     except BaseException:

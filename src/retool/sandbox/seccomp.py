@@ -15,6 +15,12 @@ only (``socketpair`` stays allowed): no Unix socket, abstract or on disk, so a
 call can reach neither the fork server nor another call, and no netlink or
 packet socket. Syscalls of a foreign ABI (x32, i386 on x86_64) are refused.
 
+``fallocate`` with any flag in its mode gets ``EOPNOTSUPP``: the kernel checks
+the file-size rlimit only where a file grows, so ``FALLOC_FL_KEEP_SIZE`` would
+reserve blocks past it, and a call's output files lie on the host filesystem
+(one call could take the trainer's whole disk while it runs). Mode 0, what
+``posix_fallocate`` asks for, grows the file and so stays under the rlimit.
+
 ``setsid`` succeeds without doing anything (it returns 0, the caller stays in
 the server's session): wherever no cpu cgroup holds the call, each new session
 is a scheduler autogroup of its own, as heavy as the trainer's whole session,
@@ -119,7 +125,7 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "sethostname": 170, "setdomainname": 171, "settimeofday": 164,
             "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305, "acct": 163,
             "quotactl": 179, "syslog": 103, "fanotify_init": 300, "lookup_dcookie": 212,
-            "vhangup": 153, "setsid": 112, "sysinfo": 99,
+            "vhangup": 153, "setsid": 112, "sysinfo": 99, "fallocate": 285,
         },
     ),
     "aarch64": (
@@ -139,7 +145,7 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "sethostname": 161, "setdomainname": 162, "settimeofday": 170,
             "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266, "acct": 89,
             "quotactl": 60, "syslog": 116, "fanotify_init": 262, "lookup_dcookie": 18,
-            "vhangup": 58, "setsid": 157, "sysinfo": 179,
+            "vhangup": 58, "setsid": 157, "sysinfo": 179, "fallocate": 47,
         },
     ),
 }
@@ -175,6 +181,12 @@ def build_program(machine: str | None = None) -> bytes:
     prog.append(_insn(_RET_K, 0, 0, RET_ERRNO))  # errno 0: "success", nothing done
     prog.append(_insn(_JEQ_K, 0, 1, numbers["clone3"]))
     prog.append(_insn(_RET_K, 0, 0, enosys))
+    # fallocate: mode 0 only (its second argument, low 32 bits).
+    prog.append(_insn(_JEQ_K, 0, 4, numbers["fallocate"]))
+    prog.append(_insn(_LD_W_ABS, 0, 0, 24))
+    prog.append(_insn(_JEQ_K, 0, 1, 0))
+    prog.append(_insn(_RET_K, 0, 0, RET_ALLOW))
+    prog.append(_insn(_RET_K, 0, 0, RET_ERRNO | errno.EOPNOTSUPP))
     # clone: refuse any namespace flag in its first argument (low 32 bits).
     prog.append(_insn(_JEQ_K, 0, 4, numbers["clone"]))
     prog.append(_insn(_LD_W_ABS, 0, 0, 16))

@@ -998,7 +998,8 @@ def call_layers(
     ]
     if use_seccomp:
         common.append(
-            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets, sysinfo)"
+            "seccomp filter (namespaces, mounts, keyrings, bpf, ptrace, non-INET sockets, sysinfo, "
+            "fallocate flags)"
         )
     if cgroup:
         common.append("a cgroup per call (memory, processes, killed whole after the call)")
