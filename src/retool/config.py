@@ -141,7 +141,7 @@ class ModelConfig:
 
     base_model: str = "smollm2-135m-instruct"  # alias, .gguf file, HF directory or service name
     backend: str = "local"  # local | pytrio | tinker
-    lora_rank: int = 32  # LoRA rank; 0 trains all weights (local backend only)
+    lora_rank: int = 32  # LoRA rank, in [0, 4096]; 0 trains all weights (local backend only)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16
     compile: str = "auto"  # auto | on | off: fused element-wise kernels for the local trainer
@@ -152,7 +152,8 @@ class ModelConfig:
             raise ConfigError(
                 f"model.backend must be one of local, pytrio, tinker; got {self.backend!r}"
             )
-        _at_least("model", "lora_rank", self.lora_rank, 0)
+        # a rank past any hidden size is a typo: it would end in a failed allocation
+        check_range("model", "lora_rank", self.lora_rank, 0, 2**12, integer=True)
         check_device(self.device)
         if self.dtype not in {"auto", "float32", "bfloat16", "float16"}:
             raise ConfigError(
@@ -694,10 +695,14 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"--set expects section.key=value, got {text!r}")
     try:
-        value = toml_loads(f"v = {raw.strip()}", f"--set {dotted.strip()}", lines=False)["v"]
+        parsed = toml_loads(f"v = {raw.strip()}", f"--set {dotted.strip()}", lines=False)
     except tomllib.TOMLDecodeError:
-        value = raw.strip()  # a bare word such as markdown
-    return parts[0], parts[1], value
+        return parts[0], parts[1], raw.strip()  # a bare word such as markdown
+    if set(parsed) != {"v"}:  # a line break in the value set further keys: never ignore them
+        raise ConfigError(
+            f"--set {dotted.strip()}: the value must be one value on one line, got {raw!r}"
+        )
+    return parts[0], parts[1], parsed["v"]
 
 
 def load_config(

@@ -43,7 +43,7 @@ class MathExample:
         return asdict(self)
 
 
-def _refuse_surrogates(value: str, where: str, key: str) -> None:
+def refuse_surrogates(value: str, where: str, key: str) -> None:
     """A lone ``\\ud800``-style escape is valid JSON but no text: no tokenizer can encode it."""
     try:
         value.encode("utf-8")
@@ -69,7 +69,7 @@ def _example_from_record(record: Any, where: str) -> MathExample:
             raise DataError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
         if not value.strip():
             raise DataError(f"{where}: field {key!r} is empty")
-        _refuse_surrogates(value, where, key)
+        refuse_surrogates(value, where, key)
         fields[key] = value
     raw_id = record.get("id")
     if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):

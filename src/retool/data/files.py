@@ -140,6 +140,21 @@ def read_text(
     return decode_utf8(data, str(path), error)
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` (temporary sibling, fsync, rename): a reader sees
+    the old file or the new one, and a failure (a full disk) leaves ``path`` as it was
+    and no partial temporary file behind."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_bytes(
     path: str | os.PathLike[str],
     *,

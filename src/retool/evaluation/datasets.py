@@ -30,7 +30,7 @@ from typing import Any
 
 from retool.checks import check_number
 from retool.data import load_dataset
-from retool.data.examples import MathExample, iter_jsonl
+from retool.data.examples import MathExample, iter_jsonl, refuse_surrogates
 from retool.errors import ConfigError, DataError
 
 QUESTION_FIELDS = ("question", "problem")
@@ -135,6 +135,7 @@ def _as_text(where: str, name: str, value: Any) -> str:
         raise DataError(f"{where}: field {name!r} must be text, got {type(value).__name__}")
     if not value.strip():
         raise DataError(f"{where}: field {name!r} is empty")
+    refuse_surrogates(value, where, name)  # no tokenizer can encode it
     return value
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.data.files import as_path, decode_utf8, read_bytes
+from retool.data.files import as_path, decode_utf8, read_bytes, write_atomic
 from retool.data.longints import json_loads
 from retool.errors import DataError
 
@@ -146,8 +146,12 @@ def check_row_types(record: Mapping[str, Any], where: str) -> None:
         ("correct", bool, "true or false"),
         ("sample_index", int, "an integer"),
         ("problem_id", (str, int), "a string"),
+        ("problem_index", int, "an integer"),  # these two only when present: older
+        ("session", int, "an integer"),  # files' rows may lack them
     )
     for key, kind, words in checks:
+        if key in ("problem_index", "session") and key not in record:
+            continue
         value = record.get(key)
         wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
         if wrong:
@@ -206,14 +210,6 @@ def row_line(row: Mapping[str, Any]) -> str:
     return json.dumps(row, ensure_ascii=False) + "\n"
 
 
-def write_atomic(path: Path, lines: Sequence[str]) -> None:
-    """Replace ``path`` with ``lines`` (temporary sibling, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def write_lines_atomic(path: Path, lines: Sequence[str]) -> None:
+    """Replace ``path`` with ``lines`` in UTF-8 (:func:`retool.data.files.write_atomic`)."""
+    write_atomic(path, "".join(lines).encode("utf-8"))

@@ -46,7 +46,7 @@ from retool.evaluation.results import (
     load_results,
     row_line,
     sample_row,
-    write_atomic,
+    write_lines_atomic,
 )
 from retool.evaluation.summary import EvalSummary, summarize
 from retool.reward import EquivalenceChecker, Scorer
@@ -304,7 +304,7 @@ async def evaluate_async(
     output.parent.mkdir(parents=True, exist_ok=True)
     kept = evaluation.resume.rows
     with writing(output, "results file", then="nothing was written"):
-        write_atomic(output, [header_line(evaluation.settings), *(row_line(r) for r in kept)])
+        write_lines_atomic(output, [header_line(evaluation.settings), *(row_line(r) for r in kept)])
     reuse = evaluation.reuse()
     journal = _Journal(output, evaluation.resume.session, progress)
     try:

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from retool.data.files import read_bytes
-from retool.data.longints import json_loads
-from retool.errors import DataError, RetoolError
+from retool.data.longints import json_loads, toml_loads
+from retool.errors import ConfigError, DataError, RetoolError
 from retool.evaluation.results import check_row_types
 from retool.evaluation.summary import summarize
 from retool.training.run_dir import RunDirectory
@@ -87,8 +87,8 @@ def load_run(path: str | os.PathLike[str]) -> RunInputs:
         except OSError as exc:
             raise ReportError(f"{run.config_path}: cannot read it ({exc.strerror})") from None
         try:
-            config = tomllib.loads(config_text)
-        except tomllib.TOMLDecodeError as exc:
+            config = toml_loads(config_text, str(run.config_path))
+        except (tomllib.TOMLDecodeError, ConfigError) as exc:  # ConfigError: a 5000-digit int
             notes.append(f"config.toml could not be parsed ({exc}); shown verbatim")
     # A run directory has a metrics file, rollouts or a manifest once a step or checkpoint
     # is done, and from the start a config.toml with every section (a lone config.toml of

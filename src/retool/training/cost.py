@@ -33,11 +33,13 @@ take it past the limit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from retool.config import CostConfig
+from retool.errors import RetoolError
 
 KINDS = ("prefill", "sampled", "trained")  # metric names: cost/<kind>_tokens
 
@@ -129,12 +131,30 @@ class SpendLedger:
         self.steps: list[StepTokens] = list(steps)
 
     @classmethod
-    def from_metrics(cls, cost: CostConfig, lines: Iterable[Mapping[str, Any]]) -> SpendLedger:
-        """From the metrics lines of the committed steps (lines without cost keys count 0)."""
-        steps = [
-            StepTokens(*(int(line.get(f"cost/{kind}_tokens", 0)) for kind in KINDS))
-            for line in lines
-        ]
+    def from_metrics(
+        cls, cost: CostConfig, lines: Iterable[Mapping[str, Any]], where: str = "metrics.jsonl"
+    ) -> SpendLedger:
+        """From the metrics lines of the committed steps (lines without cost keys count 0).
+
+        A count that is not a finite number (a hand-edited line) is a
+        :class:`~retool.errors.RetoolError` naming ``where`` (the file), the step and the key.
+        """
+        steps = []
+        for line in lines:
+            counts = []
+            for kind in KINDS:
+                key = f"cost/{kind}_tokens"
+                value = line.get(key, 0)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    value = math.nan
+                if not math.isfinite(value) or value < 0:
+                    raise RetoolError(
+                        f"{where}: step {line.get('step')!r:.20}: {key} is "
+                        f"{line.get(key)!r:.40}, not a token count; the run directory is "
+                        "damaged: repair that line or start a new run"
+                    )
+                counts.append(int(value))
+            steps.append(StepTokens(*counts))
         return cls(cost, steps)
 
     @property

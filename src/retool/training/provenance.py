@@ -81,6 +81,22 @@ def _read(path: Path) -> dict[str, Any] | None:
         ) from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise RetoolError(f"{path}: not a retool inputs file (format {FORMAT})")
+    start = record.get("init_from")
+    shapes = {
+        "kind": record.get("kind") is None or isinstance(record.get("kind"), str),
+        "data": record.get("data") is None or isinstance(record.get("data"), dict),
+        "init_from": start is None
+        or (
+            isinstance(start, dict)
+            and all(isinstance(start.get(k), str) for k in ("spec", "state_path", "sha256"))
+        ),
+    }
+    wrong = [key for key, ok in shapes.items() if not ok]
+    if wrong:
+        raise RetoolError(
+            f"{path}: {wrong[0]!r} is not what a run writes ({record.get(wrong[0])!r:.60}); "
+            "the run directory is damaged: restore that file or start a new run"
+        )
     return record
 
 

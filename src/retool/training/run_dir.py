@@ -29,6 +29,10 @@ Rules that make a kill at any moment safe:
   completed are reused instead of sampled again (which matters when sampling
   is paid for). A torn last line of any JSONL file is ignored, and cut off
   before the next line is appended (never glued onto).
+* A new run (no ``--resume``) may start over an attempt that committed no
+  step, but reuses none of its journal: those samples may come from other
+  settings. It never replaces a ``config.toml`` that no run wrote (one
+  without ``inputs.json``, which a run writes first).
 
 Location independence: the manifest's paths are written relative to the run
 directory and resolved against it, so a run resumes (and ``--init-from`` or
@@ -63,15 +67,18 @@ from typing import Any
 
 from retool.config import RunConfig, load_config
 from retool.data.examples import MathExample
+from retool.data.files import write_atomic
 from retool.data.longints import json_loads
 from retool.errors import RetoolError
 from retool.rollout import Trajectory
 from retool.training import provenance, run_lock
 from retool.training.faults import crash_point
 
-# Keys that may differ on --resume: how long to run, how often to save, and the
-# spend limits (a budget stop tells the user to raise them and resume).
+# Keys that may differ on --resume: how long to run, how often to save, the spend
+# limits (a budget stop tells the user to raise them and resume), and where the run
+# directory is (it may have been moved: the directory opened is the run).
 RESUMABLE_CHANGES = {
+    ("train", "run_dir"),
     ("train", "steps"),
     ("train", "save_every"),
     ("cost", "max_tokens"),
@@ -86,7 +93,7 @@ class CheckpointRecord:
     step: int  # steps completed when it was saved (weights after this many updates)
     state_path: str  # save_state directory (weights + optimizer + RNG)
     sampler_path: str  # sampler weights directory (loadable by ``retool eval``)
-    time: float  # unix time of the manifest line
+    time: float = 0.0  # unix time of the manifest line (informational; 0 when absent)
 
 
 _CHECKPOINT_KEYS = ("step", "state_path", "sampler_path")
@@ -175,15 +182,6 @@ def _append_line(path: Path, record: dict[str, Any]) -> None:
         handle.write(json.dumps(record) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"}
@@ -349,9 +347,12 @@ class RunDirectory:
             record = run._check(config, resume, inputs, init_from)
             for directory in (run.rollouts_dir, run.journal_dir, run.checkpoint_root):
                 directory.mkdir(exist_ok=True)
-            _write_atomic(run.config_path, config_to_toml(config).encode())
-            if record is not None:
-                _write_atomic(run.inputs_path, (json.dumps(record, indent=2) + "\n").encode())
+            if not resume:  # an earlier attempt's samples (other settings?) are not reused
+                for path in run.journal_dir.glob("step_*.jsonl"):
+                    path.unlink()
+            if record is not None:  # first: a config.toml without it is no run's (see _check)
+                write_atomic(run.inputs_path, (json.dumps(record, indent=2) + "\n").encode())
+            write_atomic(run.config_path, config_to_toml(config).encode())
         except OSError as exc:
             run.close()
             raise RetoolError(
@@ -376,6 +377,11 @@ class RunDirectory:
                 raise RetoolError(
                     f"run directory {self.path} already holds a run; use --resume to continue "
                     "it or choose another --run-dir"
+                )
+            if self.config_path.exists() and not self.inputs_path.exists():
+                raise RetoolError(
+                    f"run directory {self.path} holds a config.toml that no run wrote (a new run "
+                    f"would replace it); move {self.config_path} away or choose another --run-dir"
                 )
             state = resolve_checkpoint(init_from) if init_from else None
             return provenance.record_start(self.path, inputs, init_from, state)
@@ -508,7 +514,7 @@ class RunDirectory:
         lines = "".join(
             json.dumps(r.to_record() if isinstance(r, Trajectory) else r) + "\n" for r in records
         )
-        _write_atomic(self.rollouts_path(step), gzip.compress(lines.encode(), mtime=0))
+        write_atomic(self.rollouts_path(step), gzip.compress(lines.encode(), mtime=0))
         crash_point("rollouts", step)
         _append_line(self.metrics_path, {"step": step, **metrics})
         self.journal(step).remove()
@@ -519,7 +525,7 @@ class RunDirectory:
         Keeps the journal of ``step + 1``: it was sampled by the checkpoint's weights.
         """
         kept = [r for r in _read_jsonl(self.metrics_path, ("step",)) if int(r["step"]) <= step]
-        _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         for path in self.rollouts_dir.glob("step_*.jsonl.gz"):
             if step_of(path) > step:
                 path.unlink()
@@ -532,7 +538,7 @@ class RunDirectory:
         records = [
             r for r in _read_jsonl(self.manifest_path, _CHECKPOINT_KEYS) if int(r["step"]) <= step
         ]
-        _write_atomic(self.manifest_path, "".join(json.dumps(r) + "\n" for r in records).encode())
+        write_atomic(self.manifest_path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
     def log(self, line: str) -> None:
         """Append to ``log.txt``; a full disk loses the line, never the error being handled."""

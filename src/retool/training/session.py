@@ -190,7 +190,9 @@ class Session:
                 f"{config.model.backend}); lower it (and rollout.max_trajectory_tokens)"
             )
         # After open_trainer's rewind: the totals are those of the steps the run keeps.
-        self.spend = SpendLedger.from_metrics(config.cost, self.run.metrics())
+        self.spend = SpendLedger.from_metrics(
+            config.cost, self.run.metrics(), str(self.run.metrics_path)
+        )
         self.budget_stop: str | None = None  # the line printed when the budget stopped the run
         self.adam = AdamParams(
             learning_rate=cfg.learning_rate,

@@ -91,6 +91,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from retool.data.demo import DemoProblem
+from retool.data.examples import refuse_surrogates
 from retool.data.longints import json_loads
 from retool.errors import DataError, RetoolError
 from retool.protocol import TOOL_NAME, ParseKind, ToolDialect
@@ -194,12 +195,14 @@ def _check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
         if not isinstance(message["content"], str):
             kind = type(message["content"]).__name__
             raise DataError(f"{field}.content: must be a string, got {kind}")
+        refuse_surrogates(message["content"], field, "content")  # no tokenizer encodes it
         if "code" in message:
             code = message["code"]
             if not isinstance(code, str):
                 raise DataError(f"{field}.code: must be a string, got {type(code).__name__}")
             if not code.strip():
                 raise DataError(f"{field}.code: empty")
+            refuse_surrogates(code, field, "code")
         if "train" in message:
             if not isinstance(message["train"], bool):
                 kind = type(message["train"]).__name__
