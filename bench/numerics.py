@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_backend import _observation, _prompts  # the same workload
+from local_backend import _device, _observation, _prompts  # the same workload and device
 
 MODEL = "smollm2-135m-instruct"
 REPEATS = 4  # timed training calls per figure (median): 2 read 160 and 220 tok/s on one host
@@ -66,8 +66,6 @@ def _ratio(new: float, old: float) -> str:
 
 
 def auto_choice() -> object:
-    import torch
-
     from retool.backends.local.dtype import (
         ModelShapes,
         Workload,
@@ -79,7 +77,7 @@ def auto_choice() -> object:
     from retool.config import load_config
 
     config = load_config("configs/demo.toml")
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # LocalServiceClient's "auto"
+    device = _device()  # LocalServiceClient's "auto"
     model = run_in_worker(lambda: load_model(MODEL).eval().to(device))
     shapes = ModelShapes.from_config(model.config)
     started = time.perf_counter()

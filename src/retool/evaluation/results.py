@@ -142,15 +142,15 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
 def check_row_types(record: Mapping[str, Any], where: str) -> None:
     """A sample row's fields of the types evaluation writes; a ``"correct": "false"`` (a
     string, truthy) would otherwise count as correct."""
-    checks = (
-        ("correct", bool, "true or false"),
-        ("sample_index", int, "an integer"),
-        ("problem_id", (str, int), "a string"),
-        ("problem_index", int, "an integer"),  # these two only when present: older
-        ("session", int, "an integer"),  # files' rows may lack them
+    checks = (  # (key, type, in words, required: older files' rows lack the last two)
+        ("correct", bool, "true or false", True),
+        ("sample_index", int, "an integer", True),
+        ("problem_id", (str, int), "a string", True),
+        ("problem_index", int, "an integer", False),
+        ("session", int, "an integer", False),
     )
-    for key, kind, words in checks:
-        if key in ("problem_index", "session") and key not in record:
+    for key, kind, words, required in checks:
+        if not required and key not in record:
             continue
         value = record.get(key)
         wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))

@@ -86,6 +86,20 @@ class EngineOptions:
     seed: int = 0  # engine seed (requests carry their own)
 
 
+def chunked_prefill_safe() -> bool:
+    """Whether vLLM may split a prompt across steps here: only where torch sees CUDA.
+
+    vLLM 0.32 rewinds a seeded request's generator after a partial prefill chunk
+    (``gen.set_offset``), which only CUDA generators support: on a CPU, a step whose
+    prompts passed the token budget (4096 in process, 2048 for a server; a demo step's
+    48 rows) killed the engine with "CPU Generator does not use offset". Without
+    chunking vLLM raises the budget to ``max_model_len`` and schedules whole prompts.
+    """
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def prepare_environment(options: EngineOptions) -> None:
     """The process environment vLLM reads at start: no telemetry, in-process, CPU threads."""
     os.environ["VLLM_NO_USAGE_STATS"] = "1"
@@ -149,8 +163,6 @@ class VllmEngine:
     """One ``vllm.LLM`` engine, driven by one thread (see the module docstring)."""
 
     def __init__(self, model_dir: str | Path, options: EngineOptions) -> None:
-        import torch
-
         prepare_environment(options)
         self.vllm = import_vllm()
         self.options = options
@@ -170,12 +182,7 @@ class VllmEngine:
             kwargs.update(
                 enable_lora=True, max_lora_rank=lora_rank_slot(options.lora_rank), max_loras=2
             )
-        if not torch.cuda.is_available():
-            # vLLM 0.32 rewinds a seeded request's generator after a partial prefill chunk
-            # (`gen.set_offset`), which only CUDA generators support: on a CPU a step whose
-            # prompts exceed the token budget (4096; a demo step's 48 rows) killed the
-            # engine with "CPU Generator does not use offset". Whole prompts only, then
-            # (vLLM raises the budget to max_model_len).
+        if not chunked_prefill_safe():
             kwargs["enable_chunked_prefill"] = False
         try:
             with _process_state_kept():  # an in-process engine changes both

@@ -79,6 +79,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from retool.backends.vllm.convert import request_fields, sequence
+from retool.backends.vllm.engine import chunked_prefill_safe
 from retool.errors import BackendError, ConfigError
 from retool.types import Future, ModelInput, SampleResponse, SamplingParams
 
@@ -755,15 +756,10 @@ def server_command(
 ) -> list[str]:
     """The argv of ``vllm serve`` for ``model`` on ``127.0.0.1:port``.
 
-    ``chunked_prefill``: None = on where torch sees CUDA, off elsewhere. vLLM 0.32
-    rewinds a seeded request's generator after a partial prefill chunk, which a CPU
-    generator cannot do: on a CPU, prompts beyond one step's token budget (2048 for a
-    server) with seeds killed the engine ("CPU Generator does not use offset").
+    ``chunked_prefill``: None = where it is safe (:func:`.engine.chunked_prefill_safe`).
     """
     if chunked_prefill is None:
-        import torch
-
-        chunked_prefill = torch.cuda.is_available()
+        chunked_prefill = chunked_prefill_safe()
     argv = [
         python,
         "-m",
