@@ -366,8 +366,11 @@ class RewardConfig:
 class TrainConfig:
     """The optimisation loop (defaults are the reference's)."""
 
-    steps: int = 20  # training steps (one optimizer step each), in [1, 10**7]
+    steps: int = 20  # training steps (updates_per_step optimizer steps each), in [1, 10**7]
     questions_per_batch: int = 8  # questions per step, in [1, 2**16]; trajectories: x group_size
+    # optimizer updates per step, each on a contiguous share of the step's groups (PPO
+    # mini-batches; retool.training.updates), in [1, questions_per_batch]
+    updates_per_step: int = 1
     loss: str = "ppo"  # ppo | importance_sampling | cispo
     clip_low: float = 0.8  # PPO/CISPO ratio clip, lower bound (absolute), in (0, 1]
     clip_high: float = 1.28  # PPO/CISPO ratio clip, upper bound (absolute), in [1, 100]
@@ -410,6 +413,7 @@ class TrainConfig:
         ints = {  # name: (low, high); every bound is inclusive
             "steps": (1, 10**7),
             "questions_per_batch": (1, 2**16),
+            "updates_per_step": (1, 2**16),
             "max_train_tokens": (1, 2**20),
             "micro_batch_tokens": (1, 2**24),
             "micro_batch_items": (1, 2**16),
@@ -443,6 +447,12 @@ class TrainConfig:
             raise ConfigError(
                 "train.loss_aggregation must be seq_mean, token_mean or token_sum; "
                 f"got {self.loss_aggregation!r}"
+            )
+        if self.updates_per_step > self.questions_per_batch:
+            raise ConfigError(
+                f"train.updates_per_step ({self.updates_per_step}) must be <= "
+                f"train.questions_per_batch ({self.questions_per_batch}): each update trains "
+                "on whole groups, at least one"
             )
         if self.max_train_tokens > self.micro_batch_tokens:
             raise ConfigError(

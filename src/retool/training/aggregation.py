@@ -69,7 +69,13 @@ from retool.errors import ConfigError
 from retool.training.datum import LOSS_KEYS, TrainingDatum
 from retool.types import Datum, TensorData
 
-__all__ = ["AGGREGATIONS", "DEFAULT_AGGREGATION", "aggregation_scales", "scale_advantages"]
+__all__ = [
+    "AGGREGATIONS",
+    "DEFAULT_AGGREGATION",
+    "aggregation_scales",
+    "rescale",
+    "scale_advantages",
+]
 
 AGGREGATIONS = ("seq_mean", "token_mean", "token_sum")
 DEFAULT_AGGREGATION = "seq_mean"
@@ -125,3 +131,12 @@ def scale_advantages(
         d if c == 1.0 else dataclasses.replace(d, datum=_scaled(d.datum, c))
         for d, c in zip(datums, scales, strict=True)
     ]
+
+
+def rescale(datums: Sequence[TrainingDatum], factor: float) -> list[TrainingDatum]:
+    """New datums with ``advantages`` (and ``weights``) multiplied by ``factor`` > 0."""
+    if not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    if factor == 1.0:
+        return list(datums)
+    return [dataclasses.replace(d, datum=_scaled(d.datum, factor)) for d in datums]

@@ -12,6 +12,9 @@ Per step ``s`` (1-based; seeds and batches derive from it):
 4. ``forward_backward`` per micro-batch, then ONE ``optim_step`` (skipped and
    logged when nothing trains; a step whose every trajectory failed in the
    sampler or sandbox stops the run instead, see :mod:`retool.training.step_notes`);
+   with ``train.updates_per_step = K`` the step's groups are split into ``K``
+   updates, each its micro-batches then its ``optim_step``
+   (:mod:`retool.training.updates`);
 5. when a checkpoint is due, write its state and sampler directories;
 6. commit the step (rollouts file, then its metrics line), then the
    checkpoint's manifest line: a kill between the two leaves a complete step
@@ -33,7 +36,7 @@ evaluations :mod:`retool.training.periodic_eval`, and the interrupts
 
 Every phase is timed (``time/<phase>_s`` in the metrics) so an idle phase
 shows. Interrupts (SIGINT, SIGTERM) are deferred while the weights and the
-step record disagree (from ``optim_step`` to the metrics line); otherwise the
+step record disagree (from the first ``optim_step`` to the metrics line); otherwise the
 loop stops at once, writes a checkpoint of the last completed step if it has
 none, and exits. Any other exception writes the same emergency checkpoint
 when the state is consistent, then propagates.
@@ -65,6 +68,7 @@ from retool.training.step_notes import (
     exclusion_note,
     infrastructure_stop,
 )
+from retool.training.updates import regroup, split_updates
 
 
 def train(
@@ -170,37 +174,48 @@ def train(
                 if stop is not None:
                     session.run.log(stop)
                     raise ServiceError(stop)
-                # 3. datums (one per trajectory with a non-zero advantage), aggregate, pack
+                # 3. datums (one per trajectory with a non-zero advantage), aggregate, split
+                # into train.updates_per_step updates of whole groups, pack each
                 with phases("datums"):
                     datums = build_training_datums(result.trajectories, cfg.max_train_tokens)
                     datums = scale_advantages(
                         datums, cfg.loss_aggregation, len(result.training_trajectories())
                     )
-                    micro_batches = session.pack(datums)
+                    updates = split_updates(datums, cfg.updates_per_step, config.rollout.group_size)
+                    packed = [session.pack(update) for update in updates]
                 metrics = dict(result.metrics())
                 metrics["train/reused_groups"] = float(len(reuse))
-                # 4. forward_backward per micro-batch (gradients accumulate)
-                # old logprobs (sampler or recomputed) and the rollout correction: numerics.py
+                # old logprobs (sampler, or recomputed for every update before the first)
+                # and the rollout correction: numerics.py
                 numerics = prepare_step(
-                    trainer, micro_batches, config, session.numerics, loss_config, phases
+                    trainer,
+                    [batch for update in packed for batch in update],
+                    config,
+                    session.numerics,
+                    loss_config,
+                    phases,
                 )
-                metrics.update(
-                    session.forward_backward(
-                        numerics.micro_batches, cfg.loss, numerics.loss_config, phases
-                    )
-                )
-                metrics.update(numerics.finish(metrics))
-                tokens = step_tokens(result.trajectories, trained=int(metrics["train/tokens"]))
-                # 5-7. weights and run directory disagree from optim_step to the manifest
-                # line: a signal there waits for the end of the block
+                first, *more = regroup(numerics.micro_batches, [len(u) for u in packed])
+                # 4. forward_backward per micro-batch of the first update (gradients accumulate)
+                trained = session.forward_backward(first, cfg.loss, numerics.loss_config, phases)
+                # 5-7. optim_step, each further update's forward_backward and optim_step; weights
+                # and run directory disagree from the first optim_step to the manifest line:
+                # a signal there waits for the end of the block
                 with session.guard.critical():
-                    session.optim_step(step, metrics, phases)  # the step's one update
+                    metrics.update(
+                        session.optimize(
+                            step, trained, more, cfg.loss, numerics.loss_config, phases
+                        )
+                    )
+                    metrics.update(numerics.finish(trained))  # the mismatch: before any update
+                    trained_tokens = int(metrics["train/tokens"])
+                    tokens = step_tokens(result.trajectories, trained=trained_tokens)
                     checkpoint = session.checkpoint_if_due(step, phases)
                     session.commit(step, metrics, phases, result.trajectories, tokens)
                     session.add_checkpoint(step, checkpoint)
                 excluded_all = all(t.excluded for t in result.trajectories)
                 note = exclusion_note(result.trajectories)
-                note += alike_note(bool(micro_batches), excluded_all)
+                note += alike_note(bool(datums), excluded_all)
                 session.report(step, metrics, tokens, note)
                 if evaluation.due(step):
                     evaluation.run(step)

@@ -10,11 +10,14 @@ ENGINES-NOTES.md). This module makes what the RL step does about it explicit:
 * ``train.old_logprobs``: ``sampler`` uses the sampled logprobs as π_old
   (exact under float32); ``recompute`` runs one ``forward`` of the trainer on
   the step's datums before the first ``forward_backward`` and uses those
-  (``time/recompute_s``). Every ``forward_backward`` of a step runs before its
-  one ``optim_step``, so the recomputed π_old equals what the step's first
-  forward computes anyway: ``recompute`` costs one forward and changes the PPO
-  ratio from π/π_sampler to π/π_trainer (its clipping then sees only the
-  update, while the correction below handles the mismatch).
+  (``time/recompute_s``), for every update of the step before the first
+  (``train.updates_per_step``, :mod:`retool.training.updates`). With one update
+  per step every ``forward_backward`` runs before its ``optim_step``, so the
+  recomputed π_old equals what the step's first forward computes anyway:
+  ``recompute`` costs one forward and changes the PPO ratio from π/π_sampler to
+  π/π_trainer (its clipping then sees only the update, while the correction
+  below handles the mismatch); with several updates it also keeps π_old the
+  policy before the step's first update for all of them.
 * ``train.rollout_correction``: ``tis`` caps each token's importance weight
   ρ = π_trainer/π_sampler at C (``rollout_correction_cap``), ``mis`` drops a
   trajectory whose sequence ratio exp(Σ log ρ) leaves [1/C, C], ``none`` does

@@ -43,6 +43,7 @@ from retool.training.numerics import open_service, record_numerics, sampler_nume
 from retool.training.packing import pack_micro_batches, padded_area
 from retool.training.provenance import RunInputs, recorded_init_from
 from retool.training.run_dir import RunDirectory, resolve_checkpoint
+from retool.training.updates import merge_update_metrics
 from retool.types import AdamParams, SamplingClient, ServiceClient, TrainingClient
 
 Summary = Callable[[int, int, dict[str, float]], str]
@@ -267,7 +268,7 @@ class Session:
         loss_config: dict[str, float] | None,
         phases: Phases,
     ) -> dict[str, float]:
-        """``forward_backward`` per micro-batch (gradients accumulate); the step's metrics."""
+        """``forward_backward`` per micro-batch (gradients accumulate); the update's metrics."""
         outputs = []
         with phases("training"):
             for micro_batch in micro_batches:
@@ -285,19 +286,46 @@ class Session:
         metrics.update({f"train/{k}": v for k, v in merge_trainer_metrics(outputs).items()})
         return metrics
 
-    def optim_step(self, step: int, metrics: dict[str, float], phases: Phases) -> None:
-        """The step's one optimizer step, unless nothing trained; adds ``optim/*`` to metrics.
+    def optim_step(self, step: int, metrics: dict[str, float], phases: Phases) -> dict[str, float]:
+        """One optimizer step, unless nothing trained; its ``optim/*`` metrics (also added
+        to ``metrics``).
 
         From here to :meth:`commit` the weights are ahead of the run directory:
         call it inside ``self.guard.critical()``.
         """
         if metrics["train/update_skipped"]:
-            return
+            return {}
         self.state.consistent = False
         with phases("training"):
             optim = self.trainer.optim_step(self.adam).result()
         crash_point("optim", step)
-        metrics.update({f"optim/{k}": v for k, v in optim.metrics.items()})
+        out = {f"optim/{k}": v for k, v in optim.metrics.items()}
+        metrics.update(out)
+        return out
+
+    def optimize(
+        self,
+        step: int,
+        first: dict[str, float],
+        more: list[list[list[TrainingDatum]]],
+        loss: str,
+        loss_config: dict[str, float] | None,
+        phases: Phases,
+    ) -> dict[str, float]:
+        """The first update's ``optim_step`` (``first``: its :meth:`forward_backward`
+        metrics), then each further update's micro-batches and ``optim_step``
+        (``train.updates_per_step``, :mod:`retool.training.updates`); the step's metrics.
+
+        From the first ``optim_step`` to :meth:`commit` the weights are ahead of
+        the run directory: call it inside ``self.guard.critical()``, kept open to
+        the manifest line. The first ``forward_backward`` changes no weights, so
+        the caller runs it before that block and a signal there stops at once.
+        """
+        done, optims = [first], [self.optim_step(step, dict(first), phases)]
+        for micro_batches in more:
+            done.append(self.forward_backward(micro_batches, loss, loss_config, phases))
+            optims.append(self.optim_step(step, dict(done[-1]), phases))
+        return merge_update_metrics(done, optims)
 
     def checkpoint_if_due(self, step: int, phases: Phases) -> tuple[str, str] | None:
         """The state and sampler directories when ``step`` is due (the last, every save_every)."""

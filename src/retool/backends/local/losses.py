@@ -25,8 +25,12 @@ logprobs are ``loss_fn_inputs["sampler_logprobs"]`` when the caller recomputed
 π_old with the trainer (``train.old_logprobs = "recompute"``: ``logprobs`` then
 holds the trainer's), else ``logprobs`` itself (π_old is the sampler's). The
 trainer's logprob of a token before this step's update is π_old in the first
-case and the current forward (detached) in the second: every
-``forward_backward`` of a step runs before its one ``optim_step``. With
+case and the current forward (detached) in the second: with one update per
+step every ``forward_backward`` of a step runs before its ``optim_step``. (With
+several, ``train.updates_per_step``, a later update's current forward has
+moved: ρ then compares the updated policy with the sampler, and TIS caps that
+ratio at ``C``, a dual clip; the training loop logs the mismatch from the
+first update only.) With
 ``ρ = π_trainer / π_sampler`` per loss token:
 
 * ``sampler_kl``: mean of ``log π_sampler - log π_trainer``; ``sampler_clip_fraction``:
