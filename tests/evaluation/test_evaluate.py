@@ -185,6 +185,16 @@ def test_resume_refuses_other_settings(sampler, examples, tmp_path):
         prepare_evaluation(examples[:1], CONFIG, n=1, output=out,
                            settings={"model": "other"}, tools=False)  # fmt: skip
     assert out.read_bytes() == before
+    # an older file's rows lack problem_index: which problems and seeds they cover is unknown
+    lines = [json.loads(line) for line in before.decode().splitlines()]
+    for row in lines[1:]:
+        row.pop("problem_index", None)
+    out.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    older = out.read_bytes()
+    with pytest.raises(ConfigError, match="no problem_index .* choose another --output"):
+        prepare_evaluation(examples[:1], CONFIG, n=1, output=out,
+                           settings={"model": "tiny-random"}, tools=False)  # fmt: skip
+    assert out.read_bytes() == older
 
 
 def _cli_subprocess(*args: str) -> subprocess.CompletedProcess:

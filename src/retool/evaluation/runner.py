@@ -151,6 +151,11 @@ def check_resumable(output: Path, settings: Mapping[str, Any]) -> ResumeState:
             "rerun with the same settings to continue it, or choose another --output"
         )
     problems = complete_problems(previous.rows, int(settings["n"]))
+    if any("problem_index" not in members[0] for members in problems.values()):
+        raise ConfigError(
+            f"--output {output}: its rows have no problem_index (an older results file), so "
+            "which problems and seeds they cover is unknown; choose another --output"
+        )
     kept = tuple(row for members in problems.values() for row in members)
     done = frozenset(int(members[0]["problem_index"]) for members in problems.values())
     session = 1 + max((int(r.get("session", 0)) for r in previous.rows), default=-1)
