@@ -54,8 +54,15 @@ def test_unknown_keys_and_sections(tmp_path):
     path.write_text("[rollouts]\n")
     with pytest.raises(ConfigError, match=r"unknown section \[rollouts\]"):
         load_config(path)
-    with pytest.raises(ConfigError, match="must be an integer"):
+    with pytest.raises(ConfigError, match="must be an integer, got 'many'$"):
         load_config(None, ["rollout.group_size=many"])
+    # Python reads these as numbers, TOML as strings: the error says how to write them
+    with pytest.raises(
+        ConfigError, match=r"got '\.001' \(a string, not a TOML number: write 0\.001\)"
+    ):
+        load_config(None, ["train.learning_rate=.001"])
+    with pytest.raises(ConfigError, match=r"got '4' \(a string, not a TOML number: write 4\)"):
+        load_config(None, ['rollout.group_size="4"'])
 
 
 def test_invalid_toml_names_file(tmp_path):

@@ -19,6 +19,7 @@ of hanging a worker pool or crashing at datum-build time, as the reference did.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -652,6 +653,21 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+def _as_toml(value: Any) -> str:
+    """A hint for a string that Python reads as a number but TOML does not (``.001``, ``1.``,
+    ``1_0.``, ``+.5``): how to write it."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    written = str(int(number)) if number.is_integer() and "." not in value else repr(number)
+    return f" (a string, not a TOML number: write {written})"
+
+
 def _coerce(where: str, annotation: Any, value: Any) -> Any:
     """Check ``value`` against a field's annotation (int, float, str, bool, tuple)."""
     hint = annotation
@@ -669,11 +685,11 @@ def _coerce(where: str, annotation: Any, value: Any) -> Any:
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
+            raise ConfigError(f"{where} must be an integer, got {value!r}{_as_toml(value)}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
+            raise ConfigError(f"{where} must be a number, got {value!r}{_as_toml(value)}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
