@@ -179,3 +179,23 @@ def test_devices_and_fifos_are_refused_without_reading(tmp_path):
         load_config(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config("/dev/zero")  # reading it would never end
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "rollout.group_size=100000",
+        "rollout.max_code_calls=1000000",
+        "rollout.max_in_flight_samples=100000",
+        "rollout.sample_retries=5000",
+        "rollout.retry_backoff=1e9",
+        "rollout.temperature=1e6",
+        "rollout.seed=-1",
+        "rollout.seed=99999999999999",
+    ],
+)
+def test_rollout_settings_have_upper_bounds(setting):
+    # a typo with extra zeros is one error naming the key, not a run that never ends
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^--set {setting}: {key} must be "):
+        load_config(None, [setting])
