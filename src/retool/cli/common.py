@@ -226,22 +226,25 @@ def check_run_dir(path: str | os.PathLike[str], *, resume: bool, flag: str = "--
     model loads for nothing: a new run needs a directory that does not hold
     one; ``--resume`` needs one that does; either needs a writable place.
     """
+    from retool.training.run_dir import refusal
+
     path = Path(path)
     check_output_dir(path, flag=flag)
-    holds_run = (path / "metrics.jsonl").exists() or (path / "checkpoints.jsonl").exists()
-    if resume and not (path / "config.toml").is_file():
-        raise ConfigError(
-            f"{flag} {path}: nothing to resume (no config.toml); drop --resume to start a new run"
-        )
-    if not resume and holds_run:
-        raise ConfigError(
-            f"{flag} {path}: already holds a run; add --resume to continue it or choose another "
-            f"{flag}"
-        )
+    why = refusal(path, resume)
+    if why:
+        raise ConfigError(f"{flag} {path}: {why}")
     return path
 
 
-_SKELETON = {"config.toml", "inputs.json", "log.txt", "rollouts", "journal", "checkpoints"}
+_SKELETON = {
+    "config.toml",
+    "inputs.json",
+    "numerics.json",
+    "log.txt",
+    "rollouts",
+    "journal",
+    "checkpoints",
+}
 
 
 @contextlib.contextmanager

@@ -357,18 +357,13 @@ def check_run_dir(run_dir: str, resume: bool = False) -> Check:
         check_output_dir(path, flag="run directory")
     except RetoolError as exc:
         return Check("run directory", "fail", str(exc))
-    holds_run = path.is_dir() and any(
-        (path / name).exists() for name in ("config.toml", "metrics.jsonl", "checkpoints.jsonl")
-    )
-    if holds_run and not resume:
-        return Check(
-            "run directory",
-            "fail",
-            f"{path} already holds a run: `retool train --resume` continues it (doctor "
-            "--resume checks that), or choose another --run-dir",
-        )
-    if resume and not holds_run:
-        return Check("run directory", "fail", f"{path}: nothing to resume (no run there)")
+    from retool.training.run_dir import refusal
+
+    why = refusal(path, resume)
+    if why:
+        if not resume and why.startswith("already holds a run"):
+            why += " (doctor --resume checks that)"
+        return Check("run directory", "fail", f"{path}: {why}")
     return Check("run directory", "ok", f"{path} ({'resume' if resume else 'new run'})")
 
 

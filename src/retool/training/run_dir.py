@@ -332,10 +332,8 @@ class RunDirectory:
         run = cls(Path(path))
         if run.path.exists() and not run.path.is_dir():
             raise RetoolError(f"run directory {run.path} is a file; choose another --run-dir")
-        if resume and not run.config_path.exists():
-            raise RetoolError(
-                f"nothing to resume in {run.path} (no config.toml); drop --resume to start"
-            )
+        if resume and (why := refusal(run.path, resume=True)):
+            raise RetoolError(f"run directory {run.path}: {why}")
         try:
             run.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -371,18 +369,10 @@ class RunDirectory:
         init_from: str | None,
     ) -> dict[str, Any] | None:
         """Refuse a resume that would mean something else; the inputs record to write."""
-        holds_run = self.metrics_path.exists() or self.manifest_path.exists()
         if not resume:
-            if holds_run:
-                raise RetoolError(
-                    f"run directory {self.path} already holds a run; use --resume to continue "
-                    "it or choose another --run-dir"
-                )
-            if self.config_path.exists() and not self.inputs_path.exists():
-                raise RetoolError(
-                    f"run directory {self.path} holds a config.toml that no run wrote (a new run "
-                    f"would replace it); move {self.config_path} away or choose another --run-dir"
-                )
+            why = refusal(self.path, resume=False)
+            if why:
+                raise RetoolError(f"run directory {self.path} {why}")
             state = resolve_checkpoint(init_from) if init_from else None
             return provenance.record_start(self.path, inputs, init_from, state)
         stored = load_config(self.config_path)
@@ -544,6 +534,32 @@ class RunDirectory:
         """Append to ``log.txt``; a full disk loses the line, never the error being handled."""
         with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+def refusal(path: str | os.PathLike[str], resume: bool) -> str | None:
+    """Why ``train``/``sft`` would refuse ``path`` as its run directory (a phrase whose
+    subject is the directory), or None.
+
+    The rules :meth:`RunDirectory.open` enforces, in one place so that the
+    CLI's early check (before a model loads) and ``retool doctor`` say what the
+    run itself would: ``--resume`` needs a ``config.toml``; a new run needs a
+    directory without a run's metrics or manifest, and never replaces a
+    ``config.toml`` that no run wrote (one without ``inputs.json``).
+    """
+    path = Path(path)
+    config = path / "config.toml"
+    if resume:
+        if not config.is_file():
+            return "nothing to resume (no config.toml); drop --resume to start a new run"
+        return None
+    if (path / "metrics.jsonl").exists() or (path / "checkpoints.jsonl").exists():
+        return "already holds a run; use --resume to continue it or choose another --run-dir"
+    if config.exists() and not (path / provenance.INPUTS_NAME).exists():
+        return (
+            f"holds a config.toml that no run wrote (a new run would replace it); move {config} "
+            "away or choose another --run-dir"
+        )
+    return None
 
 
 def check_run_dir_free(path: str | os.PathLike[str]) -> None:
