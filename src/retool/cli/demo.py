@@ -168,7 +168,13 @@ def _command(argv: list[str]) -> None:
     """Run one ``retool`` command in this process, printed as a user would type it."""
     print(f"$ retool {shlex.join(argv)}", flush=True)
     args = _parser().parse_args(argv)
-    status = int(args.handler(args) or 0)
+    try:
+        status = int(args.handler(args) or 0)
+    finally:
+        # every phase runs in this process: hand the pages it freed back (allocator.py)
+        from retool.backends.local.allocator import release_free_memory
+
+        release_free_memory()
     if status != 0:
         raise ConfigError(f"`retool {argv[0]}` exited with status {status}; see above")
 
