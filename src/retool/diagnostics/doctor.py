@@ -361,8 +361,6 @@ def check_run_dir(run_dir: str, resume: bool = False) -> Check:
 
     why = refusal(path, resume)
     if why:
-        if not resume and why.startswith("already holds a run"):
-            why += " (doctor --resume checks that)"
         return Check("run directory", "fail", f"{path}: {why}")
     return Check("run directory", "ok", f"{path} ({'resume' if resume else 'new run'})")
 

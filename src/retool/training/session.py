@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,9 +286,11 @@ class Session:
         metrics.update({f"train/{k}": v for k, v in merge_trainer_metrics(outputs).items()})
         return metrics
 
-    def optim_step(self, step: int, metrics: dict[str, float], phases: Phases) -> dict[str, float]:
-        """One optimizer step, unless nothing trained; its ``optim/*`` metrics (also added
-        to ``metrics``).
+    def optim_step(
+        self, step: int, metrics: Mapping[str, float], phases: Phases
+    ) -> dict[str, float]:
+        """One optimizer step, unless ``metrics`` (the update's) say nothing trained; its
+        ``optim/*`` metrics.
 
         From here to :meth:`commit` the weights are ahead of the run directory:
         call it inside ``self.guard.critical()``.
@@ -299,9 +301,7 @@ class Session:
         with phases("training"):
             optim = self.trainer.optim_step(self.adam).result()
         crash_point("optim", step)
-        out = {f"optim/{k}": v for k, v in optim.metrics.items()}
-        metrics.update(out)
-        return out
+        return {f"optim/{k}": v for k, v in optim.metrics.items()}
 
     def optimize(
         self,
@@ -321,10 +321,10 @@ class Session:
         the manifest line. The first ``forward_backward`` changes no weights, so
         the caller runs it before that block and a signal there stops at once.
         """
-        done, optims = [first], [self.optim_step(step, dict(first), phases)]
+        done, optims = [first], [self.optim_step(step, first, phases)]
         for micro_batches in more:
             done.append(self.forward_backward(micro_batches, loss, loss_config, phases))
-            optims.append(self.optim_step(step, dict(done[-1]), phases))
+            optims.append(self.optim_step(step, done[-1], phases))
         return merge_update_metrics(done, optims)
 
     def checkpoint_if_due(self, step: int, phases: Phases) -> tuple[str, str] | None:

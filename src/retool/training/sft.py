@@ -86,7 +86,7 @@ def run_sft(
             records = [{"id": c.id, "messages": list(c.messages)} for c in batch]
             tokens = StepTokens(trained=int(metrics["train/tokens"]))
             with session.guard.critical():
-                session.optim_step(step, metrics, phases)
+                metrics.update(session.optim_step(step, metrics, phases))
                 checkpoint = session.checkpoint_if_due(step, phases)
                 session.commit(step, metrics, phases, records, tokens)
                 session.add_checkpoint(step, checkpoint)

@@ -90,7 +90,7 @@ def regroup(
 
 
 def merge_update_metrics(
-    per_update: Sequence[Mapping[str, float]], optim: Sequence[Mapping[str, float]] = ()
+    per_update: Sequence[Mapping[str, float]], optim: Sequence[Mapping[str, float]]
 ) -> dict[str, float]:
     """One step's metrics from each update's ``forward_backward`` and ``optim_step`` metrics.
 
@@ -101,8 +101,6 @@ def merge_update_metrics(
     """
     if not per_update:
         return {}
-    if len(per_update) == 1 and not optim:
-        return dict(per_update[0])
     merged: dict[str, float] = {key: sum(m.get(key, 0.0) for m in per_update) for key in _COUNTS}
     merged["train/update_skipped"] = float(all(m.get("train/update_skipped") for m in per_update))
     trainer = []
