@@ -13,16 +13,22 @@ tool call is continued (its completion and a 40-token observation) the
 moment it finishes, up to ``--turns`` turns: rows join and leave the batch all
 the time, as in ``retool eval`` and a rollout (without the sandbox).
 
+The first question arrives alone and the others once the engine decodes it,
+as in ``retool eval`` and a rollout, whose first request reaches the engine
+thread before the next ones are submitted (``--together``: all at once).
+
 Three variants, alternated within each repeat, the same requests and seeds:
 
 * ``copy`` (the engine before 2026-12-02, the baseline): every batch of
   joining rows copies the whole batch into new buffers (live rows compacted,
   then the new rows), which is what ``rebuild_batch`` did; no shared prefix;
-* ``slots``: a joining row takes a free slot, a finished row frees one; the
-  batch is copied only when it runs out of room or is mostly free
-  (``kv.BatchCache``); no shared prefix;
-* ``ours`` (the engine as it is): slots, and the prefix every prompt shares
-  held once and read once per step by the lean decode step.
+* ``before`` (the engine of 2026-12-04, commit 32470b2): a joining row takes a
+  free slot, a finished row frees one; compaction and a window that reaches
+  the buffers' right end copy the batch into new buffers; a shared prefix only
+  when the batch's first join has two prompts or more;
+* ``ours`` (the engine as it is): slots, compaction and window moves inside
+  the buffers, and the prefix every prompt shares held once and read once per
+  step by the lean decode step, also when the batch began with one prompt.
 
 Prints per variant: wall seconds, decode steps, tokens/s, batch copies, and
 the ratio. The model runs in the engine's thread as in the backend (loading in
@@ -44,20 +50,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_backend import _observation  # the same 40-token observation
 from retool.backends.local.engine import SamplingEngine
+from retool.backends.local.kv import BatchCache
 from retool.backends.local.threads import run_in_worker
 
 MODEL = "smollm2-135m-instruct"
 
 
-class SlotsEngine(SamplingEngine):
-    """The engine without a shared prefix."""
+class ReallocatingBatch(BatchCache):
+    """The batch cache of 32470b2: compaction and a full window copy into new buffers."""
 
-    def _shared_prefix(self, groups):
-        return None
+    def compact(self) -> list[int]:
+        live = self.live()
+        self._reallocate(max(len(live), 1), self._live_width(), live)
+        return live
+
+    def _move_window(self, width: int) -> None:
+        self._reallocate(self.slots, width)
 
 
-class CopyingEngine(SlotsEngine):
+class BeforeEngine(SamplingEngine):
+    """The engine of 32470b2: new buffers for every copy; a prefix only from the first join."""
+
+    batch_cache_class = ReallocatingBatch
+
+    def _shared_prefix(self, groups, running=()):
+        return None if running else super()._shared_prefix(groups)
+
+
+class CopyingEngine(SamplingEngine):
     """The engine with the old bookkeeping: a copy of the whole batch on every join."""
+
+    batch_cache_class = ReallocatingBatch
+
+    def _shared_prefix(self, groups, running=()):
+        return None
 
     def _join(self, joining=()) -> None:
         batch = self._batch
@@ -135,6 +161,17 @@ def run(engine_class, model, tokenizer, args, seed: int) -> dict[str, float]:
         submit_questions()
 
     started = time.perf_counter()
+    if not args.together:  # the first question alone, the others once it decodes
+        with lock:
+            index, prompt = pending.pop(0)
+            state["in_flight"] += args.samples
+            state["trajectories"] += args.samples
+        future = engine.submit(prompt, args.samples, params(1000 * index))
+        future.add_done_callback(
+            lambda f, i=index, p=prompt: turn_done(f, [(i, k, p, 1) for k in range(args.samples)])
+        )
+        while engine.steps == 0 and not future.done():
+            time.sleep(0.001)
     submit_questions()
     if not done.wait(timeout=3600):
         raise RuntimeError("the workload did not finish within an hour")
@@ -165,6 +202,12 @@ def main() -> None:
         "default: the base model",
     )
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument(
+        "--together", action="store_true", help="submit the first questions at once"
+    )
+    parser.add_argument(
+        "--variants", default="copy,before,ours", help="comma-separated, of copy, before, ours"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
@@ -191,7 +234,11 @@ def main() -> None:
         f"{args.dtype}, {args.model or MODEL}; load average {load[0]:.1f} at start",
         flush=True,
     )
-    variants = (("copy", CopyingEngine), ("slots", SlotsEngine), ("ours", SamplingEngine))
+    classes = {"copy": CopyingEngine, "before": BeforeEngine, "ours": SamplingEngine}
+    names = [n.strip() for n in args.variants.split(",")]
+    if any(n not in classes for n in names) or not names:
+        parser.error(f"--variants: choose among {', '.join(classes)}, got {args.variants!r}")
+    variants = [(n, classes[n]) for n in names]
     figures: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     for repeat in range(args.repeats):
         for name, cls in variants:
@@ -205,12 +252,13 @@ def main() -> None:
                 flush=True,
             )
     median = {name: statistics.median(f["seconds"] for f in figures[name]) for name in figures}
-    old = median["copy"]
+    base = names[0]
     end = os.getloadavg()
+    ratios = " | ".join(
+        f"{name} {median[name]:.1f}s ({median[base] / median[name]:.2f}x)" for name in names
+    )
     print(
-        f"BATCH CACHE  copy {old:.1f}s | slots {median['slots']:.1f}s "
-        f"({old / median['slots']:.2f}x) | ours (slots + shared prefix) {median['ours']:.1f}s "
-        f"({old / median['ours']:.2f}x); medians of {args.repeats}; "
+        f"BATCH CACHE  {ratios}, against {base}; medians of {args.repeats}; "
         f"load average {end[0]:.1f} at the end",
         flush=True,
     )

@@ -77,9 +77,12 @@ def _step(batch: BatchCache, rows, generator: torch.Generator) -> None:
         columns.append([(k[slot : slot + 1], v[slot : slot + 1]) for k, v in new])
 
 
-def _churn(batch: BatchCache, rng: random.Random, generator, make_groups, on_add=None) -> None:
-    """Random joins, steps, releases and compactions, each checked against the reference."""
-    rows: dict[int, list] = {}
+def _churn(
+    batch: BatchCache, rng: random.Random, generator, make_groups, on_add=None, rows=None
+) -> None:
+    """Random joins, steps, releases and compactions, each checked against the reference;
+    ``rows``: the reference of the rows already in the batch."""
+    rows = {} if rows is None else rows
     for _ in range(60):
         action = rng.random()
         if action < 0.25 or not rows:
@@ -200,3 +203,78 @@ def test_rows_sharing_the_prefix_hold_only_what_follows_it():
         assert step_prefix is not None and step_prefix[1].shape == (batch.used,)
 
     _churn(batch, rng, generator, groups, joined)
+
+
+def test_compaction_and_a_full_window_stay_inside_the_buffers():
+    """Compacting moves the live rows down in the same buffers, and a window that reaches
+    the right end moves back left when that frees enough columns: no new buffers."""
+    generator = torch.Generator().manual_seed(3)
+    batch = BatchCache(_kv(4, generator), slots=8, width=12, left=4, spare=6)
+    rows = {}
+    for length in (12, 3, 7, 5, 9, 2):
+        kv = _kv(length, generator)
+        ((slot,),) = batch.add([(kv, 1, _tokens(kv))])
+        rows[slot] = [kv]
+    _check(batch, rows)
+    buffers = batch.keys[0].data_ptr()
+    batch.release([0, 2, 3])  # the longest row goes: the window narrows
+    for slot in (0, 2, 3):
+        del rows[slot]
+    order = batch.compact()
+    assert order == [1, 4, 5] and batch.used == 3
+    rows = {new: rows[old] for new, old in enumerate(order)}
+    _check(batch, rows)
+    for _ in range(7):  # past the right end; the live rows are short, so room on the left
+        _step(batch, rows, generator)
+        _check(batch, rows)
+    assert (batch.copies, batch.moves) == (0, 2)
+    assert batch.keys[0].data_ptr() == buffers
+    # a window as wide as the buffers allow leaves no room to move: new buffers
+    for _ in range(batch.capacity):
+        _step(batch, rows, generator)
+    assert batch.copies >= 1
+    _check(batch, rows)
+
+
+def test_a_prefix_set_after_the_batch_began_is_shared_by_the_rows_that_join_later():
+    """A batch created from one prompt has no shared prefix; once one is set, rows already
+    in it keep all their columns, and rows joining with a prompt that starts with it
+    store only what follows it; every row reads back whole."""
+    generator = torch.Generator().manual_seed(5)
+    prefix = _kv(6, generator)
+    prefix_tokens = list(range(500, 506))
+
+    def with_prefix(extra: int):
+        tail = _kv(extra, generator)
+        return [
+            (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2))
+            for (pk, pv), (k, v) in zip(prefix, tail, strict=True)
+        ]
+
+    first = with_prefix(5)
+    first_tokens = prefix_tokens + list(range(5))
+    batch = BatchCache(first, slots=2, width=11, left=3, spare=4)
+    assert batch.step_prefix() is None
+    (slots,) = batch.add([(first, 2, first_tokens)])
+    rows = {s: [first] for s in slots}
+    _step(batch, rows, generator)
+    batch.set_prefix(prefix_tokens, first)
+    assert batch.step_prefix() is not None
+    assert not bool(batch.shared[: batch.used].any())  # the rows already in keep their columns
+    _check(batch, rows)
+    with pytest.raises(ValueError, match="already has a shared prefix"):
+        batch.set_prefix(prefix_tokens, first)
+    rng = random.Random(5)
+
+    def groups():
+        kv = with_prefix(rng.randint(1, 10))
+        other = _kv(rng.randint(1, 14), generator)
+        return [
+            (kv, rng.randint(1, 2), prefix_tokens + list(range(kv[0][0].shape[2] - 6))),
+            (other, 1, [9, *range(other[0][0].shape[2] - 1)]),
+        ]
+
+    def joined(slot, tokens):
+        assert bool(batch.shared[slot]) == (tokens[0] == 500)
+
+    _churn(batch, rng, generator, groups, joined, rows)

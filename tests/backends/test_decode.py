@@ -91,7 +91,7 @@ def test_lean_step_with_a_shared_prefix_equals_hf_forward(model):
         assert [s for (s,) in slots] == [0, 1, 2, 3]
         assert batch.shared[:4].tolist() == [True, True, True, False]
         tokens = [list(s) for s in sequences]
-        for _ in range(5):  # more steps than the spare columns: the buffers grow once
+        for _ in range(5):  # more steps than the spare columns: the window moves left once
             ids = torch.tensor([t[-1] for t in tokens])
             positions = torch.tensor([len(t) - 1 for t in tokens])
             mask = batch.step_mask()
@@ -102,7 +102,7 @@ def test_lean_step_with_a_shared_prefix_equals_hf_forward(model):
                 assert (got[row].log_softmax(-1) - want.log_softmax(-1)).abs().max() <= 1e-5
             for row, token in enumerate(got.argmax(-1).tolist()):
                 tokens[row].append(token)
-        assert batch.copies == 1
+        assert (batch.moves, batch.copies) == (1, 0)
 
 
 def test_a_bf16_model_decodes_over_a_float32_batch_cache(model):

@@ -130,6 +130,8 @@ class _Row:
 class SamplingEngine:
     """Continuous batching over one frozen model."""
 
+    batch_cache_class: type[BatchCache] = BatchCache  # a bench swaps in older bookkeeping
+
     def __init__(
         self,
         model: Any,
@@ -391,7 +393,7 @@ class SamplingEngine:
             width = max(kv[0][0].shape[2] for kv, _, _ in groups)
             count = sum(n for _, n, _ in groups)
             room = count + min(count, 16)  # slots for rows joining later without a copy
-            self._batch = BatchCache(
+            self._batch = self.batch_cache_class(
                 groups[0][0],
                 room,
                 width,
@@ -400,6 +402,11 @@ class SamplingEngine:
                 self._shared_prefix(groups),
                 dtype=self.decoder.cache_dtype if self.decoder is not None else None,
             )
+        elif self._batch.prefix_kv is None:  # the batch began with one prompt: look again
+            running = [row.request.prompt for row in self._rows if row is not None]
+            found = self._shared_prefix(groups, running)
+            if found is not None:
+                self._batch.set_prefix(*found)
         for (rows, kv), slots in zip(joining, self._batch.add(groups), strict=True):
             for row, slot in zip(rows, slots, strict=True):
                 while len(self._rows) <= slot:
@@ -410,17 +417,21 @@ class SamplingEngine:
                 self.prefix_rows += bool(self._batch.shared[slot])
 
     def _shared_prefix(
-        self, groups: Sequence[tuple[KV, int, list[int]]]
+        self, groups: Sequence[tuple[KV, int, list[int]]], running: Sequence[list[int]] = ()
     ) -> tuple[list[int], KV] | None:
-        """The prefix every distinct prompt of a new batch starts with, and its KV; or None.
+        """The prefix every distinct prompt joining (and ``running``) starts with, and its KV.
 
-        Decoded once for all rows by the lean step (``decode.py``); the batch is
-        new, so its prompts are a sample of what follows (an evaluation's or a
-        rollout's prompts share the system prompt and the tool rules). HF's
-        forward cannot read a shared prefix, and one prompt alone says nothing
-        about the next ones, so neither gets one.
+        Decoded once for all rows by the lean step (``decode.py``). The prompts
+        of a new batch (or of a batch that has none yet and its running rows)
+        are a sample of what follows: an evaluation's or a rollout's prompts
+        share the system prompt and the tool rules. HF's forward cannot read a
+        shared prefix, and one prompt alone says nothing about the next ones,
+        so neither gets one (None). An evaluation's first request usually
+        arrives alone, so a batch gets its prefix when the second prompt joins
+        (``BatchCache.set_prefix``); without that look, no row of a whole
+        evaluation read the prefix once (2026-12-04).
         """
-        prompts = {tuple(tokens) for _, _, tokens in groups}
+        prompts = {tuple(tokens) for _, _, tokens in groups} | {tuple(p) for p in running}
         if self.decoder is None or len(prompts) < 2:
             return None
         first, *others = prompts

@@ -17,6 +17,15 @@ column, and the buffers are copied only when they run out of slots or
 columns, or when free slots outnumber live ones; ``bench/batch_cache.py``
 measures both bookkeepings on the same workload.
 
+Even those copies stay inside the buffers when they can: new buffers cost
+more than the copy itself, because every page of them is faulted in and
+zeroed (an evaluation of 28 problems x 4 on the AMX host spent 11 of its 105 s
+in ``new_zeros`` for 7 reallocations of 0.3-2.3 GB, 2026-12-04). Compaction
+moves the live rows down into the first slots of the same buffers, and a
+window that reaches the right end is moved back to the left when that frees
+at least half the spare columns; only a batch that needs more slots, or more
+columns than its buffers hold, gets new ones.
+
 ``PrefixCache`` remembers the KV of finished prompts and sequences, keyed by
 their tokens, so a continuation prompt (previous prompt + completion + delta)
 only prefills its new tokens. It is an LRU bounded in bytes and counts hits.
@@ -158,10 +167,11 @@ class BatchCache:
     in the incoming dtype, so the prefix cache and HF's prefill never see the
     difference.
 
-    A shared prefix (``prefix``: its tokens and KV, set when the batch is
-    created) is held once: a row whose tokens start with it (and go beyond it)
-    keeps only the columns after it, and the lean decode step reads the prefix
-    once for all such rows (``decode.py``); ``row_kv`` gives the whole KV back.
+    A shared prefix (``prefix``: its tokens and KV, given when the batch is
+    created or later with :meth:`set_prefix`) is held once: a row whose tokens
+    start with it (and go beyond it) keeps only the columns after it, and the
+    lean decode step reads the prefix once for all such rows (``decode.py``);
+    ``row_kv`` gives the whole KV back.
 
     Buffers start zeroed, so a masked column holds zeros or an earlier row's
     finite values, never garbage (a NaN there would survive a zero attention
@@ -191,6 +201,7 @@ class BatchCache:
             else None
         )
         self.copies = 0  # buffer copies (reallocations) so far
+        self.moves = 0  # compactions and window moves done inside the buffers
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._allocate(like, slots, width)
@@ -274,6 +285,25 @@ class BatchCache:
                 self.values[layer][index, :, columns] = v[:, :, first:].to(self.dtype)
         return out
 
+    def set_prefix(self, tokens: Sequence[int], kv: KV) -> None:
+        """Hold ``tokens`` (KV ``kv``, a batch of one) once for the rows that join from now on.
+
+        For a batch created without one (its first prompt came alone, as an
+        evaluation's first request does): the rows already in it keep all of
+        their columns and do not attend to it; the prefix is read once per step
+        for every row that joins with a prompt that starts with it.
+        """
+        if self.prefix_kv is not None:
+            raise ValueError("the batch already has a shared prefix")
+        if not tokens or kv[0][0].shape[2] < len(tokens):
+            raise ValueError("a shared prefix needs tokens and the KV of at least those tokens")
+        n = len(tokens)
+        self.prefix_tokens = tuple(tokens)
+        self.prefix_kv = [
+            (k[:, :, :n].to(self.dtype).contiguous(), v[:, :, :n].to(self.dtype).contiguous())
+            for k, v in kv
+        ]
+
     def starts_with_prefix(self, tokens: Sequence[int]) -> bool:
         """Whether a row of ``tokens`` would share the prefix (it starts with it and goes on)."""
         n = len(self.prefix_tokens)
@@ -289,10 +319,16 @@ class BatchCache:
     def step_mask(self) -> torch.Tensor:
         """``[used, width + 1]``: the window plus the column this step writes (real for all).
 
-        Makes room for that column first (a copy when the capacity is reached).
+        Makes room for that column first when the capacity is reached: the
+        window moves back to the left inside the buffers if that frees at least
+        half the spare columns, else the buffers are copied.
         """
         if self.end >= self.capacity:
-            self._reallocate(self.slots, self._live_width())
+            width = self._live_width()
+            if self.end - width - self.left >= max(self.spare // 2, 1):
+                self._move_window(width)
+            else:
+                self._reallocate(self.slots, width)
         self.valid[: self.used, self.end] = True
         return self.valid[: self.used, self.start : self.end + 1]
 
@@ -344,10 +380,50 @@ class BatchCache:
         return self.width - int(used.int().argmax())
 
     def compact(self) -> list[int]:
-        """Copy the live rows into the first slots; the old slot of each new one."""
+        """Move the live rows into the first slots; the old slot of each new one.
+
+        Inside the buffers, one row at a time in slot order: a row only moves
+        down, into a slot that is free or whose row has already moved, so no
+        row is overwritten before it is read. The slots past the live ones keep
+        their (finite) old values until a row joins there.
+        """
         live = self.live()
-        self._reallocate(max(len(live), 1), self._live_width(), live)
+        width = self._live_width()
+        begin = self.end - width
+        for new, old in enumerate(live):
+            if new == old:
+                continue
+            for buffers in (self.keys, self.values):
+                for buffer in buffers:
+                    buffer[new, :, begin : self.end] = buffer[old, :, begin : self.end]
+            self.valid[new] = self.valid[old]
+            self.shared[new] = self.shared[old]
+        self.used, self._free = len(live), []
+        self.start = begin
+        self.moves += 1
         return live
+
+    def _move_window(self, width: int) -> None:
+        """Move the last ``width`` columns of every used slot to just after the left room.
+
+        The window moves left by ``shift`` columns, in chunks of at most
+        ``shift`` from the left, so a chunk's destination never overlaps a
+        source still to be read. The columns right of the new end are written
+        by the steps before any step reads them.
+        """
+        shift = self.end - width - self.left
+        source = self.end - width
+        for offset in range(0, width, shift):
+            n = min(shift, width - offset)
+            src = slice(source + offset, source + offset + n)
+            dst = slice(self.left + offset, self.left + offset + n)
+            for buffers in (self.keys, self.values):
+                for buffer in buffers:
+                    buffer[: self.used, :, dst] = buffer[: self.used, :, src]
+            self.valid[: self.used, dst] = self.valid[: self.used, src]
+        self.start, self.end = self.left, self.left + width
+        self.valid[:, self.end :] = False
+        self.moves += 1
 
     def _reallocate(self, slots: int, width: int, order: Sequence[int] | None = None) -> None:
         """New buffers: ``slots`` slots, a window of ``width`` columns, and spare room.
