@@ -272,9 +272,10 @@ def test_a_prefix_set_after_the_batch_began_is_shared_by_the_rows_that_join_late
         return [
             (kv, rng.randint(1, 2), prefix_tokens + list(range(kv[0][0].shape[2] - 6))),
             (other, 1, [9, *range(other[0][0].shape[2] - 1)]),
+            (with_prefix(0), 1, list(prefix_tokens)),  # exactly the prefix: not shared
         ]
 
     def joined(slot, tokens):
-        assert bool(batch.shared[slot]) == (tokens[0] == 500)
+        assert bool(batch.shared[slot]) == (tokens[0] == 500 and len(tokens) > 6)
 
     _churn(batch, rng, generator, groups, joined, rows)

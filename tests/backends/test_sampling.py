@@ -393,9 +393,11 @@ def test_rows_joining_and_leaving_all_the_time_keep_their_policy(service, lean, 
 
 def test_a_batch_begun_by_one_prompt_shares_the_prefix_with_the_prompts_that_join_later(service):
     """An evaluation's first request reaches the engine alone: the batch it starts has no
-    shared prefix. When prompts with the same head join while it decodes, the batch takes
-    their common head as its shared prefix; the later rows read it once per step, and
-    every sequence's logprobs still equal ``forward`` on its own tokens."""
+    shared prefix. A continuation of the first prompt joining says nothing about what other
+    questions share, so it sets none; when prompts with the same head join while it
+    decodes, the batch takes their common head as its shared prefix; the later rows read
+    it once per step, and every sequence's logprobs still equal ``forward`` on its own
+    tokens."""
     import time
 
     template = service.create_sampling_client(base_model="tiny-random")
@@ -405,20 +407,29 @@ def test_a_batch_begun_by_one_prompt_shares_the_prefix_with_the_prompts_that_joi
     head = list(range(2000, 2040))
     prompts = [head + list(range(100 + i, 108 + 5 * i)) for i in range(4)]
     try:
-        # greedy, so the first rows run their 300 tokens the same way every time
-        first = engine.submit(prompts[0], 2, SamplingParams(max_tokens=300, temperature=0.0))
+        # no stop: the first rows decode all their tokens, long after the others joined
+        first = engine.submit(prompts[0], 2, SamplingParams(max_tokens=1500, seed=0))
         deadline = time.monotonic() + 60
         while engine.steps == 0 and time.monotonic() < deadline:
             time.sleep(0.001)
-        with engine.paused():  # the later prompts join together, while the first decodes
+        continued = prompts[0] + [7, 8, 9]  # the first prompt and a few more tokens
+        with engine.paused():
             assert not first.done() and engine.prefix_rows == 0  # decoding alone, no prefix
+            follow = engine.submit(continued, 1, SamplingParams(max_tokens=1500, seed=1))
+        while engine.joins < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with engine.paused():  # the later prompts join together, while the first decodes
+            assert engine._batch is not None and engine._batch.step_prefix() is None
+            assert not first.done() and not follow.done()
             later = [
                 engine.submit(p, 2, SamplingParams(max_tokens=8, seed=i, temperature=0.9))
                 for i, p in enumerate(prompts[1:], start=1)
             ]
         responses = [f.result(timeout=120) for f in [first, *later]]
+        assert engine._batch is None or engine._batch.prefix_tokens == tuple(head)
+        follow.result(timeout=120)
         assert engine.prefix_rows == 6  # the 3 later prompts' 2 rows each
-        for prompt, response in zip(prompts, responses, strict=True):
+        for prompt, response in zip([prompts[0], *prompts[1:]], responses, strict=True):
             for sequence in response.sequences:
                 _assert_policy_logprobs(model, prompt, sequence)
     finally:

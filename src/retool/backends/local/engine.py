@@ -435,10 +435,12 @@ class SamplingEngine:
         if self.decoder is None or len(prompts) < 2:
             return None
         first, *others = prompts
-        common = min(len(p) for p in prompts)
+        shortest = common = min(len(p) for p in prompts)
         for other in others:
             common = next((i for i in range(common) if first[i] != other[i]), common)
-        if common < _MIN_PREFIX:
+        if common < _MIN_PREFIX or common == shortest:
+            # One prompt is the head of another (a turn and its continuation): its whole
+            # text is no sign of what other questions share, and rows need tokens past it.
             return None
         kv = groups[0][0]
         return list(first[:common]), [(k[:, :, :common], v[:, :, :common]) for k, v in kv]

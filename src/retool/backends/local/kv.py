@@ -155,10 +155,14 @@ class BatchCache:
     columns when the row is longer than every row in it; a finished row frees
     its slot, is computed and ignored until a new row takes it, and the window
     narrows from the left (a view, no copy) when the rows that reached furthest
-    left are gone. The buffers are copied (live rows only, compacted to the
-    first slots) only when they run out of slots, of columns to the right
-    (``capacity``, every ``spare`` steps at most) or to the left, or when free
-    slots outnumber live ones (:meth:`compact`).
+    left are gone. When free slots outnumber live ones, :meth:`compact` moves
+    the live rows down into the first slots of the same buffers; when the
+    window reaches the right end (every ``spare`` steps at most), it moves back
+    to the left inside them if that frees at least half the spare columns. New
+    buffers (the live rows copied) only when the rows need more slots, more
+    columns to the left, or a window too wide to move. Buffers do not shrink
+    while the batch lives: a batch's memory is its peak until its last row
+    finishes.
 
     ``dtype``: the buffers' dtype, by default the incoming KV's. The lean
     decode step of a bf16 model keeps them in float32 (``decode.py``: bf16
