@@ -63,15 +63,17 @@ def retool_eval(*args: str) -> int:
 
 
 class CountingSampler:
-    """Wraps a sampler and records the prompts it was asked to continue."""
+    """Wraps a sampler and records the prompts it was asked to continue, and their seeds."""
 
     def __init__(self, inner):
         self.inner = inner
         self.prompts: list[list[int]] = []
+        self.seeds: dict[tuple[int, ...], list[int | None]] = {}
         self.max_context_tokens = inner.max_context_tokens
 
     def sample_async(self, prompt, num_samples, params):
         self.prompts.append(prompt.to_ints())
+        self.seeds.setdefault(tuple(prompt.to_ints()), []).append(params.seed)
         return self.inner.sample_async(prompt, num_samples, params)
 
 
@@ -125,7 +127,8 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
     seen = []
     evaluation = prepare_evaluation(examples, CONFIG, n=2, output=full, settings=settings,
                                     tools=False)  # fmt: skip
-    summary = evaluate(sampler, tokenizer, None, evaluation, progress=seen.append)
+    uninterrupted = CountingSampler(sampler)
+    summary = evaluate(uninterrupted, tokenizer, None, evaluation, progress=seen.append)
     data = _check_file(full, 2, 2, "text")
     assert data == json.loads(json.dumps(summary.to_dict()))
     assert len(seen) == 4 and all(r["sandbox_calls"] == 0 for r in _read(full)[1:-1])
@@ -150,10 +153,12 @@ def test_text_mode_rows_summary_and_resume(sampler, examples, tmp_path):
     new_rows = [r for r in after[1:-1] if r["session"] == 1]
     assert sorted((r["problem_index"], r["sample_index"]) for r in new_rows) == [(1, 0), (1, 1)]
     assert summary.samples == 4 and after[-1]["summary"]["samples"] == 4
-    # The resumed problem kept its seeds: the same samples as the uninterrupted run.
-    original = {(r["problem_index"], r["sample_index"]): r["final_text"] for r in rows}
-    assert all(
-        original[(r["problem_index"], r["sample_index"])] == r["final_text"] for r in new_rows
+    # The resumed problem kept its seeds: its requests are the uninterrupted run's, with the
+    # same seeds. (Its tokens can still differ: it decodes alone, not beside problem 0, and
+    # the engine's logits differ in their last bits with the batch; runner docstring.)
+    assert counting.seeds and all(
+        None not in seeds and uninterrupted.seeds[prompt] == seeds
+        for prompt, seeds in counting.seeds.items()
     )
     # A finished file: nothing is sampled again; the summary is rewritten once.
     counting.prompts.clear()

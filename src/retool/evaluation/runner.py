@@ -12,10 +12,14 @@ Resuming: the same call with the same ``output`` keeps the problems that
 already have all ``n`` samples, discards the rows of partially sampled ones,
 and samples only the rest. The kept problems are handed to the rollout as
 ``reuse`` placeholders, so every remaining problem keeps its position in the
-batch and therefore its sampling seeds: a resumed evaluation samples exactly
-what an uninterrupted one would have. Samples are seeded by the rollout seed,
-``seed_step`` (the ``step`` of the rollout) and the problem's position, so the
-same settings always give the same samples.
+batch and therefore its sampling seeds: a resumed evaluation draws the same
+random numbers an uninterrupted one would have. Samples are seeded by the
+rollout seed, ``seed_step`` (the ``step`` of the rollout) and the problem's
+position, so the same settings give the same samples, up to the sampling
+engine's caveat: a row's logits can differ in their last bits when the rows
+decoded beside it differ (a resumed problem decodes beside other problems, or
+alone), and a draw that lands within about 1e-7 of a token boundary then picks
+the neighbouring token.
 
 A file written with different settings is refused (one
 :class:`~retool.errors.ConfigError` naming the keys that differ) before
