@@ -402,7 +402,8 @@ class SamplingEngine:
                 self._shared_prefix(groups),
                 dtype=self.decoder.cache_dtype if self.decoder is not None else None,
             )
-        elif self._batch.prefix_kv is None:  # the batch began with one prompt: look again
+        elif self.decoder is not None and self._batch.prefix_kv is None:
+            # the batch began with one prompt: look again (only the lean step reads a prefix)
             running = [row.request.prompt for row in self._rows if row is not None]
             found = self._shared_prefix(groups, running)
             if found is not None:
@@ -431,8 +432,10 @@ class SamplingEngine:
         (``BatchCache.set_prefix``); without that look, no row of a whole
         evaluation read the prefix once (2026-12-04).
         """
+        if self.decoder is None:
+            return None
         prompts = {tuple(tokens) for _, _, tokens in groups} | {tuple(p) for p in running}
-        if self.decoder is None or len(prompts) < 2:
+        if len(prompts) < 2:
             return None
         first, *others = prompts
         shortest = common = min(len(p) for p in prompts)

@@ -397,9 +397,8 @@ class BatchCache:
         for new, old in enumerate(live):
             if new == old:
                 continue
-            for buffers in (self.keys, self.values):
-                for buffer in buffers:
-                    buffer[new, :, begin : self.end] = buffer[old, :, begin : self.end]
+            for buffer in (*self.keys, *self.values):
+                buffer[new, :, begin : self.end] = buffer[old, :, begin : self.end]
             self.valid[new] = self.valid[old]
             self.shared[new] = self.shared[old]
         self.used, self._free = len(live), []
@@ -421,9 +420,8 @@ class BatchCache:
             n = min(shift, width - offset)
             src = slice(source + offset, source + offset + n)
             dst = slice(self.left + offset, self.left + offset + n)
-            for buffers in (self.keys, self.values):
-                for buffer in buffers:
-                    buffer[: self.used, :, dst] = buffer[: self.used, :, src]
+            for buffer in (*self.keys, *self.values):
+                buffer[: self.used, :, dst] = buffer[: self.used, :, src]
             self.valid[: self.used, dst] = self.valid[: self.used, src]
         self.start, self.end = self.left, self.left + width
         self.valid[:, self.end :] = False
