@@ -3,12 +3,23 @@
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
+
+from retool.sandbox.local import _RUNTIME_MODULES
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
+RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")  # the CLI of this venv
+# What shows the sandbox's own code in an observation: its package, every file of the
+# server's runtime copy, its set-up failure.
+INTERNALS = (
+    "retool_sandbox_rt",
+    "sandbox setup failed",
+    *(f"{name}.py" for name in _RUNTIME_MODULES),
+)
 
 
 def procs_with(marker: str) -> list[int]:

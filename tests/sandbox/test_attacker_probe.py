@@ -1,18 +1,18 @@
-"""Attacks of a red-team pass (round four) that the other sandbox tests did not cover.
+"""Attacks on the disk under the output files and on the exit status's epilogue.
 
 ``fallocate``: the file-size rlimit (8 MiB) is what bounds a call's output files,
 which live on the host filesystem below the sandbox's work directory. The kernel
 checks that limit only where a call makes a file longer; ``FALLOC_FL_KEEP_SIZE``
 reserves blocks without changing the length, so one call could take every free
 block of the trainer's disk for as long as it runs (the file is unlinked only
-after the call). Measured before the fix: 64 MiB reserved
-on ``/proc/self/fd/1`` (length 0) with the cap at 8 MiB, for a root and a non-root trainer.
+after the call): without the seccomp rule, 64 MiB reserved on ``/proc/self/fd/1``
+(length 0) with the cap at 8 MiB, for a root and a non-root trainer.
 
-Exit statuses: the runtime read ``SystemExit.code`` and masked the value with
-``&`` after the code had run, so an ``int`` subclass's ``__and__`` or a ``code``
-property that raised ran in the epilogue and turned the call into the runtime's
-own traceback ("sandbox setup failed", our file names) in the observation; and
-``sys.exit(2**64)`` became status 0 (success) where Python exits 255.
+Exit statuses: a runtime that reads ``SystemExit.code`` and masks the value with
+``&`` after the code has run lets an ``int`` subclass's ``__and__`` or a ``code``
+property that raises run in the epilogue and turn the call into the runtime's own
+traceback ("sandbox setup failed", our file names) in the observation; and
+``sys.exit(2**64)`` must exit 255, as Python does, not 0 (success).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import sys
 import pytest
 
 from retool.sandbox import ErrorKind, LocalSandbox, format_tool_content
-from retool.sandbox.server import MAX_FILE_BYTES
+from retool.sandbox.call import MAX_FILE_BYTES
 
+from .helpers import INTERNALS
 from .trainers import BOTH_TRAINERS
 
-INTERNALS = ("retool_sandbox_rt", "server.py", "runtime.py", "sandbox setup failed")
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE = 0x01, 0x10
 _FALLOCATE = (
     "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"

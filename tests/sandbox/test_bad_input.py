@@ -25,10 +25,17 @@ from retool.errors import ConfigError, SandboxError
 from retool.sandbox import ErrorKind, LocalSandbox, format_tool_content
 from retool.sandbox.limits import MAX_CODE_BYTES
 
-from .helpers import REPO, appeared, daemon_code, kill_all, procs_in, procs_with, wait_for
-
-RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")
-INTERNALS = ("retool_sandbox_rt", "server.py", "autoprint.py", "sandbox setup failed")
+from .helpers import (
+    INTERNALS,
+    REPO,
+    RETOOL,
+    appeared,
+    daemon_code,
+    kill_all,
+    procs_in,
+    procs_with,
+    wait_for,
+)
 
 
 def _marker() -> str:
@@ -355,7 +362,7 @@ def test_a_failed_call_setup_is_one_clean_sentence(sandbox, caplog):
         "ready": False,
         "stdout": "",
         "stderr": 'sandbox setup failed: Traceback (most recent call last):\n  File "/x/'
-        'retool_sandbox_rt/server.py", line 1\nOSError: [Errno 28] No space left on device\n',
+        'retool_sandbox_rt/call.py", line 1\nOSError: [Errno 28] No space left on device\n',
         "truncated": False,
     }
     result = sandbox._to_result(reply, 0.01)

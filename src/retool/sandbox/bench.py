@@ -91,9 +91,9 @@ def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
 
 
 # Layers that can be switched off one at a time (``--disable`` of the server): the
-# older two, and round three's per-call network and cgroup namespaces, minimal /etc
-# and /proc masks; the cpu cgroup alone ("cpu") and the address-space pin ("pin"); the
-# neutral paths of the interpreter, runtime and site-packages ("neutral"), the time
+# seccomp filter and the cgroups, the per-call network and cgroup namespaces, the
+# minimal /etc and the /proc masks; the cpu cgroup alone ("cpu") and the address-space
+# pin ("pin"); the neutral paths of the interpreter, runtime and site-packages ("neutral"), the time
 # namespace per call ("timens") and the relocated layers' rewritten files ("relocate").
 LAYERS = (
     "seccomp",

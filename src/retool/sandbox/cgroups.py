@@ -18,7 +18,7 @@ share among calls, whatever number of processes or sessions it starts (in a
 cpu cgroup other than the root, sessions are no autogroups). Where the
 controller is not writable, :func:`instance_group` says so and the call's
 nice value, single session and ``RLIMIT_CPU`` are what bound it (see
-``server._lower_priority``).
+``call._lower_priority``).
 
 Trusted code only: used by the server, its handlers and the reaper, never by
 a call.

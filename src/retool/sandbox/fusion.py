@@ -90,6 +90,7 @@ from retool.checks import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import escape_control, sanitize_observation
 from retool.sandbox import jsontail
+from retool.sandbox.call import MAX_FILE_BYTES
 from retool.sandbox.limits import (
     MAX_OUTPUT_BYTES,
     MAX_TIMEOUT_S,
@@ -99,7 +100,6 @@ from retool.sandbox.limits import (
 )
 from retool.sandbox.local import sandbox_env
 from retool.sandbox.result import ErrorKind, ExecResult, signal_kind
-from retool.sandbox.server import MAX_FILE_BYTES
 from retool.sandbox.stats import SandboxStats
 
 log = logging.getLogger(__name__)

@@ -47,8 +47,8 @@ from retool.sandbox.limits import (
     screen_code,
 )
 from retool.sandbox.result import ErrorKind, ExecResult, signal_kind
-from retool.sandbox.server import recv_frame, send_frame, unix_socket_path
 from retool.sandbox.stats import SandboxStats
+from retool.sandbox.wire import recv_frame, send_frame, unix_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,14 @@ _THREAD_CAPS = (
 # else of ours, so nothing of retool (data, answers) is importable in a call.
 _RUNTIME_MODULES = (
     "server",
+    "wire",
+    "rootfs",
+    "call",
+    "zygote",
+    "handler",
+    "neutral",
+    "uids",
+    "layers",
     "runtime",
     "linux",
     "seccomp",

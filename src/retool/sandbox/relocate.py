@@ -1,7 +1,7 @@
 """The relocated layer: files of the interpreter and site-packages as they would be
 had they been installed at their neutral paths (``/opt/python``, ``/opt/site``).
 
-Why: the neutral layout (``server.neutral_layout``) mounts the interpreter and
+Why: the neutral layout (``neutral.neutral_layout``) mounts the interpreter and
 site-packages at neutral paths, so every *path* a call sees names no directory
 of the trainer's machine. File *contents* still did: every ``.pyc`` records the
 source path it was compiled from (``/home/me/project/.venv/lib/.../numpy/x.py``:
