@@ -1,4 +1,4 @@
-"""Issue 21, what stayed open of class 6: no path of the trainer's machine in a call.
+"""No path of the trainer's machine in a call, as any trainer runs the search.
 
 The attacker searches every string it can reach for the trainer's checkout,
 virtual environment, interpreter installation, home directory, the sandbox's
@@ -301,7 +301,7 @@ print(json.dumps({
 
 
 def clocks(sandbox: LocalSandbox) -> dict[str, Any]:
-    """What a call learns of the host's uptime and process count (issue 21, class 6)."""
+    """What a call learns of the host's uptime and process count."""
     with open("/proc/uptime") as handle:
         host_uptime = float(handle.read().split()[0])
     result = sandbox.run(CLOCKS)

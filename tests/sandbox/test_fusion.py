@@ -333,11 +333,11 @@ def test_output_keeps_the_tail_within_the_cap(fusion):
 
 @pytest.mark.parametrize(
     "return_code, kind",
-    # An exit status is the code's to choose: never memory (issue 21, class 5).
+    # An exit status is the code's to choose: never memory, timeout or output.
     [
-        (137, ErrorKind.ERROR),  # was memory: the code can sys.exit(137)
-        (152, ErrorKind.ERROR),  # was timeout (128 + SIGXCPU)
-        (153, ErrorKind.ERROR),  # was output (128 + SIGXFSZ)
+        (137, ErrorKind.ERROR),  # not memory: the code can sys.exit(137)
+        (152, ErrorKind.ERROR),  # not timeout (128 + SIGXCPU)
+        (153, ErrorKind.ERROR),  # not output (128 + SIGXFSZ)
         (-9, ErrorKind.ERROR),
         (-24, ErrorKind.ERROR),
         (-11, ErrorKind.CRASH),
@@ -475,7 +475,7 @@ def test_a_final_answer_is_not_retried(fusion, fault):
     assert result.error_kind == (ErrorKind.SANDBOX if fault == 400 else ErrorKind.ERROR)
 
 
-# -- exclusion evidence (issue 21, class 2): only a request that never left may exclude --
+# -- exclusion evidence: only a request that never left may exclude ---------------------
 
 
 def test_no_reply_within_timeout_and_slack_is_the_calls_timeout_not_an_exclusion(fusion):

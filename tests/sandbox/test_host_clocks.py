@@ -1,4 +1,4 @@
-"""A call learns neither the host's uptime nor its process count (issue 21, class 6).
+"""A call learns neither the host's uptime nor its process count.
 
 CLOCK_BOOTTIME and CLOCK_MONOTONIC count from the host's boot: a time namespace
 per call restarts both near 0 (and ``sysinfo``'s uptime with them).

@@ -1,4 +1,4 @@
-"""Class 1: no call outlives its supervisor, on any exit path.
+"""No call outlives its supervisor, on any exit path.
 
 Each test leaves a `sleep <marker>` daemon (setsid, double fork) or a sleeping
 snippet behind and then ends the sandbox in a different way.
@@ -20,6 +20,7 @@ from retool.sandbox import ErrorKind, LocalSandbox
 
 from .helpers import (
     REPO,
+    RETOOL,
     appeared,
     daemon_code,
     gone,
@@ -28,8 +29,6 @@ from .helpers import (
     procs_with,
     wait_for,
 )
-
-RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")
 
 
 def _marker() -> str:

@@ -1,5 +1,5 @@
-"""Class 4 (limits hold per call, kernel memory included) and class 5 (calls
-cannot see or reach each other, nor another sandbox instance)."""
+"""Limits hold per call, kernel memory included; calls cannot see or reach each
+other, nor another sandbox instance."""
 
 import hashlib
 import secrets
@@ -102,7 +102,7 @@ def test_fork_bomb_without_sleep_is_bounded(small):
     assert small.run("print('next')").stdout == "next\n"
 
 
-# -- class 5 --------------------------------------------------------------------
+# -- neighbours: other calls, other instances --------------------------------------
 def test_a_call_cannot_find_an_earlier_calls_data_in_its_memory(small):
     secret = secrets.token_hex(16)
     # The canary travels in the request and in the result (small and large).

@@ -1,4 +1,4 @@
-"""No path of the trainer's machine visible to a call (issue 21, class 6, what stayed open).
+"""No path of the trainer's machine visible to a call.
 
 The attack is ``neutral_scenarios.ATTACK``: it searches sys.path, sys.prefix &
 co., modules' files, code objects, /proc/self and its init's, the environment,

@@ -1,5 +1,5 @@
-"""Class 6 (kernel attack surface: the seccomp deny-list) and class 8 (a non-root
-trainer gets a working sandbox)."""
+"""The kernel attack surface (the seccomp deny-list), and a non-root trainer gets a
+working sandbox."""
 
 import json
 import os
@@ -104,7 +104,7 @@ def test_the_program_refuses_foreign_abis():
         build_program("sparc")
 
 
-# -- class 8 --------------------------------------------------------------------
+# -- a non-root trainer --------------------------------------------------------
 _NONROOT_SCRIPT = textwrap.dedent(
     """
     import json, sys

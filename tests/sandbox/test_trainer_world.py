@@ -1,4 +1,4 @@
-"""Class 3: nothing of the trainer's world is visible from a call."""
+"""Nothing of the trainer's world is visible from a call."""
 
 import ctypes
 import os
@@ -122,7 +122,7 @@ def test_server_is_isolated_from_the_callers_environment(monkeypatch):
     monkeypatch.setenv("PYTHONSTARTUP", "/nonexistent")
     monkeypatch.setenv("PYTHONPATH", str(SRC))
     with LocalSandbox(max_workers=1, timeout=10) as sb:
-        argv = sb._server.args  # its /proc cmdline is overwritten (round three, class 6)
+        argv = sb._server.args  # its /proc cmdline is overwritten
         assert "-I" in argv and "-S" in argv
         assert os.readlink(f"/proc/{sb._server.pid}/cwd") == os.path.realpath(sb._dir)
         with open(f"/proc/{sb._server.pid}/environ", "rb") as handle:

@@ -1,4 +1,4 @@
-"""Class 2: nothing the call writes is taken as a fact by the supervisor."""
+"""Nothing the call writes is taken as a fact by the supervisor."""
 
 import threading
 

@@ -92,9 +92,10 @@ def _throughput(fn: Callable[[], object], workers: int, n: int) -> float:
 
 # Layers that can be switched off one at a time (``--disable`` of the server): the
 # seccomp filter and the cgroups, the per-call network and cgroup namespaces, the
-# minimal /etc and the /proc masks; the cpu cgroup alone ("cpu") and the address-space
-# pin ("pin"); the neutral paths of the interpreter, runtime and site-packages ("neutral"), the time
-# namespace per call ("timens") and the relocated layers' rewritten files ("relocate").
+# minimal /etc and the /proc masks; the cpu cgroup alone ("cpu") and the
+# address-space pin ("pin"); the neutral paths of the interpreter, runtime and
+# site-packages ("neutral"), the time namespace per call ("timens") and the relocated
+# layers' rewritten files ("relocate").
 LAYERS = (
     "seccomp",
     "cgroups",

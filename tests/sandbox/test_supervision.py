@@ -1,15 +1,15 @@
-"""Issue 21 (sandbox, round three), classes 1, 2, 4 and 5, as an attacker plays them,
-for a root and for a non-root trainer (``trainer`` fixture, see ``trainers.py``).
+"""The call cannot turn its supervision against the trainer or forge its verdicts, as
+an attacker plays it, for a root and for a non-root trainer (``trainer`` fixture,
+see ``trainers.py``).
 
-The scenarios run once per trainer (``round3_scenarios.run_all``, about 20 s
-each) and every test reads its facts. Checked against the code before the
-fix: the pin had the set-up pipe's two descriptors and no file-size, CPU or
-address-space limit (class 1); under the non-root trainer SIGINT to the
-init ended its call as a crash (class 2); 25 processes each in a session of
-its own took the trainer's loop from its speed to 13 times slower on this
-2-core machine (class 4); and SIGKILL, SIGXCPU and SIGXFSZ sent to itself, or
-one byte written at the cap's last offset, gave memory, timeout and output
-(class 5).
+The scenarios run once per trainer (``supervision_scenarios.run_all``, about 20 s
+each) and every test reads its facts. What each would catch: a helper (the
+address-space pin) holding the set-up pipe's two descriptors, or without the
+file-size, CPU or address-space limit; under a non-root trainer, SIGINT to the
+init ending its call as a crash; 25 processes, each in a session of its own,
+making the trainer's loop 13 times slower on a 2-core machine; and SIGKILL,
+SIGXCPU and SIGXFSZ sent by the call to itself, or one byte written at the
+cap's last offset, read as memory, timeout and output.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .trainers import scenario_results
 # speeds: a second test worker beside it would be measured as the call's doing.
 pytestmark = pytest.mark.alone
 
-MODULE = "round3_scenarios"
+MODULE = "supervision_scenarios"
 LEVELS = ("auto", "none")
 
 
@@ -39,7 +39,7 @@ def _scenario(facts, name):
     return found
 
 
-# -- class 1 ------------------------------------------------------------------------
+# -- no helper of the call with weaker limits or more descriptors -------------------
 @pytest.mark.parametrize("isolation", LEVELS)
 def test_no_helper_of_a_call_has_weaker_limits_or_more_descriptors(facts, isolation):
     run = _scenario(facts, "helper_processes")[isolation]
@@ -59,7 +59,7 @@ def test_no_helper_of_a_call_has_weaker_limits_or_more_descriptors(facts, isolat
         assert proc["limits"] == run["procs"][0]["limits"], run["procs"]
 
 
-# -- class 2 ------------------------------------------------------------------------
+# -- the call's init is out of its reach --------------------------------------------
 @pytest.mark.parametrize("isolation", LEVELS)
 @pytest.mark.parametrize("attack", ["kill_init", "drain_init", "kill_everything"])
 def test_the_init_is_out_of_its_calls_reach(facts, isolation, attack):
@@ -76,7 +76,7 @@ def test_the_init_is_out_of_its_calls_reach(facts, isolation, attack):
     assert run["results"]["after"]["stdout"] == "42\n"
 
 
-# -- class 4 ------------------------------------------------------------------------
+# -- CPU ---------------------------------------------------------------------------
 def test_calls_are_never_more_important_than_the_trainer(facts):
     run = _scenario(facts, "cpu_share")
     policy, nice, lowered, realtime, nice_limit, _cpu = run["priority"]["stdout"].split()
@@ -91,14 +91,14 @@ def test_calls_are_never_more_important_than_the_trainer(facts):
 def test_the_trainer_keeps_its_speed_while_a_call_spins(facts):
     run = _scenario(facts, "cpu_share")
     assert run["spin"]["stdout"] == "spun\n", run["spin"]
-    # A behaviour bound with room for a loaded machine, not a timing figure: the
-    # old code measured 13x here.
+    # A behaviour bound with room for a loaded machine, not a timing figure: a call
+    # outranking the trainer measured 13x here.
     assert run["slowdown"] < 3.0, run
     if not any("cgroup cpu" in m or "a cgroup per call" in m for m in run["missing"]):
         assert run["cpu"].startswith("cpu: cgroup"), run["cpu"]  # the level that holds
 
 
-# -- class 5 ------------------------------------------------------------------------
+# -- kinds only from the supervisor's facts ----------------------------------------
 @pytest.mark.parametrize(
     "attack, signal",
     [("sigkill", "SIGKILL"), ("sigxcpu", "SIGXCPU"), ("sigxfsz", "SIGXFSZ")],

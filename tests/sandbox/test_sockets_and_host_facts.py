@@ -1,10 +1,10 @@
-"""Round three, classes 3 and 6: no channel between two calls, nothing of the host.
+"""No channel between two calls, nothing of the host.
 
-Class 3: two calls of one sandbox running at once must share no socket name
+Sockets: two calls of one sandbox running at once must share no socket name
 space: an abstract Unix name bound by one (through ``socketpair``, which
 seccomp cannot refuse as it refuses ``socket(AF_UNIX)``) is unreachable and
 invisible (``/proc/net/unix``) from the other, and a port bound by one does not
-collide with the other's. Class 6: a call reads nothing of the host that a
+collide with the other's. Host facts: a call reads nothing of the host that a
 namespace or a mask can hide: host name, boot id, kernel command line,
 uptime, fork counters, the cgroup path, /etc beyond the minimum, install
 metadata naming the checkout, the server's arguments.
@@ -37,7 +37,7 @@ HOLDER = textwrap.dedent(
     """
     import socket, time
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    a.bind(b"\\0retool-round3-{tag}")
+    a.bind(b"\\0retool-pair-{tag}")
     t = socket.socket()
     t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     t.bind(("0.0.0.0", {port}))
@@ -58,12 +58,12 @@ SEEKER = textwrap.dedent(
     while time.monotonic() < deadline and not all(found.values()):
         x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            x.sendto(b"hello", b"\\0retool-round3-{tag}")
+            x.sendto(b"hello", b"\\0retool-pair-{tag}")
             found["sent"] = True
         except OSError:
             pass
         with open("/proc/net/unix") as handle:
-            found["listed"] = found["listed"] or "retool-round3-{tag}" in handle.read()
+            found["listed"] = found["listed"] or "retool-pair-{tag}" in handle.read()
         t = socket.socket()
         try:
             t.bind(("0.0.0.0", {port}))
@@ -74,7 +74,7 @@ SEEKER = textwrap.dedent(
     print(found)
     """
 )
-# What a call can read of the host (class 6), as JSON.
+# What a call can read of the host, as JSON.
 PROBE = textwrap.dedent(
     """
     import glob, json, os, sys
@@ -205,7 +205,7 @@ def test_the_same_holds_for_a_non_root_trainer():
     python = "/usr/bin/python3"
     if not os.path.exists(python):
         pytest.skip("no system python for the unprivileged user")
-    where = tempfile.mkdtemp(prefix="retool-round3-")
+    where = tempfile.mkdtemp(prefix="retool-nonroot-")
     os.chmod(where, 0o755)
     source = os.path.join(where, "src")
     shutil.copytree(

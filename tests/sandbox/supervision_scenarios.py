@@ -1,12 +1,14 @@
-"""The attacks of issue 21, classes 1, 2, 4 and 5, as any trainer runs them.
+"""Attacks on the call's supervision, as any trainer runs them: helpers of the call
+with weaker limits, its init within its reach, CPU taken from the trainer, and
+verdicts forged by the call.
 
 Every scenario opens its own sandboxes, plays the attacker in the call (and
-the trainer's side where the class is about the trainer), and returns plain
-JSON facts; the assertions live in ``test_round3_limits.py``. The module
+the trainer's side where the attack is on the trainer), and returns plain
+JSON facts; the assertions live in ``test_supervision.py``. The module
 imports only the standard library and ``retool.sandbox`` because
 ``tests/sandbox/trainers.py`` also runs it as a *non-root trainer*: a
 dedicated uid, the system Python and a copy of the package, since two of the
-classes exist only when the call and its init share a uid.
+attacks exist only when the call and its init share a uid.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _describe(sandbox: LocalSandbox) -> dict[str, Any]:
     return {"level": sandbox.isolation_level.value, "missing": list(sandbox.missing)}
 
 
-# -- class 1: no helper of the call with weaker limits or more descriptors ---------
+# -- no helper of the call with weaker limits or more descriptors -------------------
 _LIMITS = ("Max cpu time", "Max file size", "Max address space", "Max open files", "Max nice")
 
 
@@ -171,7 +173,7 @@ def helper_processes() -> dict[str, Any]:
     return out
 
 
-# -- class 2: the call's init is out of its reach ------------------------------------
+# -- the call's init is out of its reach --------------------------------------------
 _KILL_INIT = """
 import os, signal, time
 init = os.getppid()
@@ -246,7 +248,7 @@ def init_reach() -> dict[str, Any]:
     return out
 
 
-# -- class 4: CPU -------------------------------------------------------------------
+# -- CPU ---------------------------------------------------------------------------
 _PRIORITY = """
 import os, resource
 policy = os.sched_getscheduler(0)
@@ -332,7 +334,7 @@ def cpu_share() -> dict[str, Any]:
     return out
 
 
-# -- class 5: kinds only from the supervisor's facts --------------------------------
+# -- kinds only from the supervisor's facts ----------------------------------------
 _OWN_VERDICTS = {
     "sigkill": "import os\nprint('before', flush=True)\nos.kill(os.getpid(), 9)",
     "sigxcpu": "import os, signal\nsignal.signal(signal.SIGXCPU, signal.SIG_DFL)\n"

@@ -1,9 +1,9 @@
-"""Round three, classes 7 and 8: what is shown of output, and what reading it costs.
+"""What is shown of output, and what reading it costs.
 
-Class 7: invisible format characters (bidi overrides and isolates, tag
+Invisible format characters (bidi overrides and isolates, tag
 characters, line and paragraph separators...) printed by the code must reach no
 person unescaped: not the model's observation, not ``retool sandbox exec``, not
-the report viewer. Class 8: the SandboxFusion client must not hold a reply
+the report viewer. Bounded reads: the SandboxFusion client must not hold a reply
 whole: a service answering with tens of MiB of output costs the trainer about
 what it keeps (``max_output_bytes``), measured with ``tracemalloc`` against a
 stand-in service in another process on 127.0.0.1.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from retool.protocol.sanitize import escape_control, sanitize_observation
 from retool.report.viewer import clean
 from retool.sandbox import ErrorKind, FusionSandbox, format_tool_content, jsontail
 
-RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")
+from .helpers import RETOOL
 
 # What an attacker prints to hide or reorder text for a reader: each must come out as
 # visible escape text, never as the character itself.
@@ -118,7 +117,7 @@ def test_the_report_viewer_shows_no_hiding_character():
     assert _invisible(text) == [] and "\\u202e24\\u202c" in text and "\\U000e0034" in text
 
 
-# -- class 8: bounded reads ------------------------------------------------------------
+# -- bounded reads --------------------------------------------------------------------
 def _compare(full, cut, keep):
     if isinstance(cut, jsontail.Cut):
         assert isinstance(full, str) and full.endswith(str(cut))
