@@ -1,9 +1,10 @@
 """What isolates a call here, one line per layer: what ``retool sandbox check`` shows.
 
-The server reports these lines once it knows its level (``ready["layers"]``),
-and what it could not set up in ``missing``: a layer appears here only where
-it holds. ``CALL_LAYERS`` also names the per-call layers that ``--disable``
-leaves out, one at a time, to measure what each costs (``bench.py``).
+The server sends these lines in its ready line once it knows its level (beside
+``missing``, what it could not set up), so that ``check`` shows what holds on
+this machine rather than what the code could do. ``CALL_LAYERS`` also names
+the per-call layers that ``--disable`` leaves out, one at a time, to measure
+what each costs (``bench.py``).
 """
 
 from __future__ import annotations
