@@ -8,10 +8,10 @@ the installed package). What differs from Tinker, and how it is bridged:
   ``create_sampling_client(base_model, model_path=None)`` takes the base model
   first and requires it: always called with keywords.
 * ``APIFuture`` has ``result()`` and ``await`` but no ``result_async``
-  (pytrio/types/future/api_future.py): bridged by :func:`remote.bridge`;
+  (pytrio/types/future/api_future.py): bridged by :func:`remote.futures.bridge`;
   ``sample_async`` uses the SDK's own ``sample_async``.
 * Sampled sequences carry ``text`` and a free-form ``stop_reason``
-  (pytrio/types/sample/sample_sequence.py), mapped by :func:`remote.stop_reason`.
+  (pytrio/types/sample/sample_sequence.py), mapped by :func:`remote.samples.stop_reason`.
 * ``forward_backward`` reports ``loss_sum`` / ``loss_mean`` / ``token_count``
   (pytrio/client/adapters/training.py: ``actor_forward_responses_to_sdk``),
   mapped to ``loss:sum`` / ``loss_tokens``; ``token_count`` is kept as
@@ -41,14 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from retool.backends.remote import (
+from retool.backends.remote.clients import (
     RemoteSamplingClient,
     RemoteServiceClient,
     RemoteTrainingClient,
-    our_tensor,
-    split_stops,
-    translate,
 )
+from retool.backends.remote.futures import translate
+from retool.backends.remote.samples import our_tensor, split_stops
 from retool.errors import BackendError, ConfigError, RetoolError, require
 from retool.types import AdamParams, ModelInput, SampleResponse, SamplingParams, TensorData
 

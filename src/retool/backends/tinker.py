@@ -11,7 +11,7 @@ bridged:
   training_client.py): resolved with ``.result()``. ``create_sampling_client``
   takes ``model_path`` first: always called with keywords.
 * Futures expose their ``concurrent.futures.Future`` (``APIFuture.future()``,
-  tinker/lib/public_interfaces/api_future.py), bridged by :func:`remote.bridge`.
+  tinker/lib/public_interfaces/api_future.py), bridged by :func:`remote.futures.bridge`.
 * Sampled sequences have no ``text`` (tinker/types/sampled_sequence.py): it is
   decoded here from the tokens with the model's tokenizer, special tokens
   skipped, as the rollout decodes. Stop reasons are ``"stop"`` / ``"length"``
@@ -36,18 +36,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retool.backends.remote import (
+from retool.backends.remote.clients import (
     RemoteSamplingClient,
     RemoteServiceClient,
     RemoteTrainingClient,
-    call,
-    our_tensor,
-    split_stops,
 )
+from retool.backends.remote.futures import call
+from retool.backends.remote.samples import our_tensor, split_stops
 from retool.errors import BackendError, ConfigError, require
 from retool.types import (
     AdamParams,
@@ -57,6 +57,9 @@ from retool.types import (
     SamplingParams,
     TensorData,
 )
+
+if TYPE_CHECKING:  # config sits a floor above the backends: annotations only
+    from retool.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +213,9 @@ class TinkerServiceClient(RemoteServiceClient):
     training_client_class = TinkerTrainingClient
     sampling_client_class = TinkerSamplingClient
 
-    def __init__(self, model: Any, checkpoint_root: Any = "runs/checkpoints") -> None:
+    def __init__(
+        self, model: ModelConfig, checkpoint_root: str | Path = "runs/checkpoints"
+    ) -> None:
         super().__init__(model, checkpoint_root)
         self._limits: dict[str, int | None] | None = None
         self._limits_lock = threading.Lock()

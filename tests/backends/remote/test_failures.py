@@ -18,8 +18,9 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from retool.backends import remote, service_client
+from retool.backends import service_client
 from retool.backends.cleanup import close_all, close_quietly
+from retool.backends.remote import losses
 from retool.cli import main
 from retool.config import ModelConfig
 from retool.errors import BackendError
@@ -38,7 +39,7 @@ def _service(fake, tmp_path):
 @pytest.mark.parametrize("name", [None, "loss:total"])
 def test_a_missing_loss_metric_is_recomputed_from_the_outputs(fake_tinker, tmp_path, capsys, name):
     fake_tinker.loss_metric = name
-    remote._SAID.discard("tinker")
+    losses._SAID.discard("tinker")
     service = _service(fake_tinker, tmp_path)
     try:
         trainer = service.create_lora_training_client(fake_tinker.base_model, rank=8, seed=3)

@@ -24,8 +24,9 @@ from pytrio.client.builders.training import build_trainer_forward_payload  # noq
 from pytrio.client.training_batch import plan_training_batch  # noqa: E402
 from pytrio.model.limits import TrainingLimits  # noqa: E402
 
-from retool.backends import remote, service_client  # noqa: E402
+from retool.backends import service_client  # noqa: E402
 from retool.backends.pytrio import PytrioSamplingClient, PytrioTrainingClient  # noqa: E402
+from retool.backends.remote import losses  # noqa: E402
 from retool.config import ModelConfig  # noqa: E402
 from retool.errors import BackendError, ConfigError, DependencyError  # noqa: E402
 from retool.types import (  # noqa: E402
@@ -93,8 +94,8 @@ def local_update(data, loss_fn, config):
 
 def test_datums_sampling_and_adam_params_convert_into_pytrio_types(tokenizer_dir):
     trainer = PytrioTrainingClient(None, None, BASE, 8)
-    scale = remote.loss_denominator("active_token_mean", "ppo", DATUMS)
-    sent = [trainer._sdk_datum(d.model_input, remote.loss_inputs(d, "ppo", scale)) for d in DATUMS]
+    scale = losses.loss_denominator("active_token_mean", "ppo", DATUMS)
+    sent = [trainer._sdk_datum(d.model_input, losses.loss_inputs(d, "ppo", scale)) for d in DATUMS]
     for ours, theirs in zip(DATUMS, sent, strict=True):
         assert isinstance(theirs, pytrio.Datum)
         assert theirs.model_input.to_ints() == ours.model_input.to_ints()
@@ -198,7 +199,7 @@ def test_round_trip_through_the_sdk_against_a_fake_service(fake_pytrio, tmp_path
     # What went over the wire: no mask or weights, no shift, advantages times the count.
     payload = fake.forward_payloads[-1]
     count = payload.gradient_accumulation.total_active_tokens
-    assert count == remote.loss_denominator("active_token_mean", "ppo", DATUMS)
+    assert count == losses.loss_denominator("active_token_mean", "ppo", DATUMS)
     assert payload.auto_shift is False and payload.loss.type == "ppo"
     assert dict(payload.loss.config) == CLIP
     for ours, theirs in zip(DATUMS, payload.data, strict=True):

@@ -23,7 +23,8 @@ tinker = pytest.importorskip("tinker")
 
 from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
 
-from retool.backends import remote, service_client  # noqa: E402
+from retool.backends import service_client  # noqa: E402
+from retool.backends.remote import losses  # noqa: E402
 from retool.backends.tinker import (  # noqa: E402
     TinkerSamplingClient,
     TinkerTrainingClient,
@@ -44,7 +45,7 @@ from tests.backends.remote.test_pytrio import (  # noqa: E402
 
 def test_datums_sampling_and_adam_params_convert_into_tinker_types(tokenizer_dir):
     trainer = TinkerTrainingClient(None, None, "m", 8)
-    sent = [trainer._sdk_datum(d.model_input, remote.loss_inputs(d, "ppo", 1.0)) for d in DATUMS]
+    sent = [trainer._sdk_datum(d.model_input, losses.loss_inputs(d, "ppo", 1.0)) for d in DATUMS]
     for ours, theirs in zip(DATUMS, sent, strict=True):
         assert isinstance(theirs, tinker.types.Datum)
         assert theirs.model_input.to_ints() == ours.model_input.to_ints()

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from retool.backends.remote import checked_tokens
+from retool.backends.remote.samples import checked_tokens
 from retool.errors import BackendError
 from retool.types import SampledSequence, SamplerStop, SamplingParams
 
