@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -23,9 +24,11 @@ from retool.training.sft_data import (
     REPAIR_LEADS,
     Conversation,
     build_sft_datum,
+    check_conversations,
     end_of_turn_token,
     load_conversations,
     make_demonstrations,
+    numbered_conversations,
     render_conversation,
     write_conversations,
 )
@@ -529,3 +532,66 @@ def test_conversations_a_dialect_cannot_express(smol_tokenizer):
     )
     with pytest.raises(DataError, match=r"'calls', messages\[1\]: the answer would be read"):
         render_conversation(calling, get_protocol("hermes_json"), smol_tokenizer)
+
+
+# -- the whole file checked before step 1 (a careless user's file) ----------------------
+
+
+def _lines(path, records, blank_after=()):
+    """``records`` as JSONL, a blank line after each index in ``blank_after``."""
+    text = []
+    for i, record in enumerate(records):
+        text.append(json.dumps(record))
+        if i in blank_after:
+            text.append("   ")
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    return path
+
+
+def _good(i):
+    return {**GOOD, "id": f"c{i}"}
+
+
+def test_numbered_conversations_count_blank_lines(tmp_path):
+    path = _lines(tmp_path / "d.jsonl", [_good(0), _good(1), _good(2)], blank_after=(0,))
+    assert [(n, c.id) for n, c in numbered_conversations(path)] == [(1, "c0"), (3, "c1"), (4, "c2")]
+    assert [c.id for c in load_conversations(path)] == ["c0", "c1", "c2"]
+
+
+def test_a_conversation_too_long_deep_in_the_file_is_named_by_line(tmp_path, smol_tokenizer):
+    dialect = get_protocol("markdown")
+    fits = len(render_conversation(Conversation.from_record(GOOD), dialect, smol_tokenizer)[0]) - 1
+    # one pasted essay among short conversations, the limit just what the short ones need
+    long = {
+        **GOOD,
+        "id": "essay",
+        "messages": [USER, CALL, TOOL, {**ANSWER, "content": ("so " * 400 + "\\boxed{1024}")}],
+    }
+    records = [_good(i) for i in range(6)] + [long] + [_good(9)]
+    path = _lines(tmp_path / "d.jsonl", records, blank_after=(2,))
+    with pytest.raises(DataError) as info:
+        check_conversations(path, numbered_conversations(path), dialect, smol_tokenizer, fits)
+    message = str(info.value)
+    assert message.startswith(f"{path}:8: conversation 'essay' renders to ")
+    assert f"more than train.max_train_tokens = {fits};" in message and "\n" not in message
+    # the boundary: the training input is the rendering shifted by one
+    one = numbered_conversations(_lines(tmp_path / "one.jsonl", [GOOD]))
+    check_conversations(path, one, dialect, smol_tokenizer, fits)
+    with pytest.raises(DataError, match=rf":1: conversation 'a' renders to {fits} training"):
+        check_conversations(path, one, dialect, smol_tokenizer, fits - 1)
+
+
+def test_a_conversation_the_dialect_cannot_write_is_named_by_line(tmp_path, smol_tokenizer):
+    fenced = {
+        **GOOD,
+        "id": "fence",
+        "messages": [USER, {**CALL, "code": "print(1)\n```\nprint(2)"}, TOOL, ANSWER],
+    }
+    path = _lines(tmp_path / "d.jsonl", [_good(0), _good(1), fenced])
+    numbered = numbered_conversations(path)  # the shape is fine: it loads
+    with pytest.raises(
+        DataError, match=rf"^{re.escape(str(path))}:3: conversation 'fence', messages\[1\]\.code"
+    ):
+        check_conversations(path, numbered, get_protocol("markdown"), smol_tokenizer, 4096)
+    # the same file is fine where the dialect can write it
+    check_conversations(path, numbered, get_protocol("qwen3_xml"), smol_tokenizer, 4096)

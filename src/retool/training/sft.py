@@ -8,7 +8,12 @@ token-exact continuation, so the supervised tokens are laid out exactly as
 the RL sampler will produce them; weight 1 sits on assistant tokens only.
 
 The loop is the RL loop's (:class:`~retool.training.session.Session`): the same
-run directory, checkpoints, resume and progress. ``train.questions_per_batch``
+run directory, checkpoints, resume and progress. Before the first step every
+conversation is rendered once with the trainer's tokenizer
+(:func:`~retool.training.sft_data.check_conversations`): a line that does not
+render in the dialect, or does not fit ``train.max_train_tokens``, is one
+error naming ``file:line`` before anything trains, never a stop at the step
+that happens to draw it after earlier steps were committed. ``train.questions_per_batch``
 conversations make one step (reshuffled every epoch), and the weights are
 scaled by ``train.loss_aggregation`` (``seq_mean``: each conversation weighs
 the same, so ``loss:sum`` is the mean per-token NLL of a conversation).
@@ -28,7 +33,11 @@ from retool.training.datum import DatumError
 from retool.training.provenance import RunInputs, digest_file
 from retool.training.run_dir import RunDirectory
 from retool.training.session import Phases, Session
-from retool.training.sft_data import build_sft_datum, load_conversations
+from retool.training.sft_data import (
+    build_sft_datum,
+    check_conversations,
+    numbered_conversations,
+)
 
 
 def sft_summary(step: int, total: int, metrics: dict[str, float]) -> str:
@@ -51,7 +60,8 @@ def run_sft(
 ) -> RunDirectory:
     """Supervised fine-tuning on the conversations in ``data_path``; returns the run directory."""
     cfg = config.train
-    conversations = load_conversations(data_path)
+    numbered = numbered_conversations(data_path)
+    conversations = [conversation for _, conversation in numbered]
     session = Session(
         config,
         run_dir=run_dir,
@@ -66,6 +76,8 @@ def run_sft(
     dialect = get_protocol(config.rollout.protocol)
     tokenizer = session.trainer.get_tokenizer()
     with session.running():
+        # every line, before step 1 (on --resume too): no step commits from a file that fails
+        check_conversations(data_path, numbered, dialect, tokenizer, cfg.max_train_tokens)
         for step in session.steps():
             session.display.new_step("rendering")
             phases = Phases(session.display.phase)

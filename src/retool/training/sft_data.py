@@ -103,9 +103,11 @@ from retool.types import Datum, ModelInput, TensorData
 __all__ = [
     "Conversation",
     "build_sft_datum",
+    "check_conversations",
     "end_of_turn_token",
     "load_conversations",
     "make_demonstrations",
+    "numbered_conversations",
     "render_conversation",
     "write_call_text",
     "write_conversations",
@@ -267,6 +269,13 @@ def load_conversations(path: str | os.PathLike[str]) -> list[Conversation]:
     defect: unreadable file or directory, a line that is not UTF-8 or not
     JSON, a conversation of the wrong shape, a duplicate id, no conversation.
     """
+    return [conversation for _, conversation in numbered_conversations(path)]
+
+
+def numbered_conversations(path: str | os.PathLike[str]) -> list[tuple[int, Conversation]]:
+    """:func:`load_conversations` with each conversation's line number (1-based), for
+    errors found later that must still name ``path:line``
+    (:func:`check_conversations`)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -276,7 +285,7 @@ def load_conversations(path: str | os.PathLike[str]) -> list[Conversation]:
         raise DataError(f"{path}: no such file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    conversations: list[Conversation] = []
+    conversations: list[tuple[int, Conversation]] = []
     first_line: dict[str, int] = {}
     for number, line in enumerate(raw.split(b"\n"), start=1):
         where = f"{path}:{number}"
@@ -302,7 +311,7 @@ def load_conversations(path: str | os.PathLike[str]) -> list[Conversation]:
                 f"(first on line {first_line[conversation.id]})"
             )
         first_line[conversation.id] = number
-        conversations.append(conversation)
+        conversations.append((number, conversation))
     if not conversations:
         raise DataError(f"{path}: no conversations (the file is empty)")
     return conversations
@@ -556,6 +565,41 @@ def render_conversation(
         messages = [*messages, {"role": "assistant", "content": said}, tool]
         prompt = next_prompt
     return tokens, weights
+
+
+def check_conversations(
+    path: str | os.PathLike[str],
+    numbered: Sequence[tuple[int, Conversation]],
+    dialect: ToolDialect,
+    tokenizer: Any,
+    max_context_tokens: int,
+    limit_name: str = "train.max_train_tokens",
+) -> None:
+    """Render every conversation of ``path`` once, before the first step trains.
+
+    The file's shape is checked when it loads, but whether a conversation
+    *renders* in the run's dialect and *fits* ``max_context_tokens`` depends
+    on the tokenizer, which only the trainer brings. Checked per step, a bad
+    line stopped the run at the step that drew it, after earlier steps were
+    committed, and the repaired file then no longer matched the run's record
+    (``--resume`` refused it): a dead end. So every conversation is rendered
+    here, first (a few ms each), and the first one that fails is one
+    :class:`DataError` naming ``path:line`` and the conversation (``limit_name``
+    is the setting the limit came from).
+    """
+    for line, conversation in numbered:
+        where = f"{path}:{line}"
+        try:
+            tokens, _ = render_conversation(conversation, dialect, tokenizer)
+        except RetoolError as exc:
+            raise DataError(f"{where}: {exc}") from None
+        num_tokens = len(tokens) - 1  # the training input: tokens shifted by one
+        if num_tokens > max_context_tokens:
+            raise DataError(
+                f"{where}: conversation {conversation.id!r} renders to {num_tokens} training "
+                f"tokens, more than {limit_name} = {max_context_tokens}; shorten or remove it, "
+                f"or raise {limit_name}"
+            )
 
 
 def build_sft_datum(
