@@ -1,16 +1,16 @@
 """B and C: a call's trusted init and the call itself (``server.py`` draws the tree).
 
-The zygote forks B with a :class:`CallSpec` (what it decided: uid, cgroup,
-root, filter; never request data) before any code arrives, so namespace,
-cgroup and mount set-up are off the critical path. B (``child_b``) makes
-itself unreachable from its call, enters the call's namespaces, cgroup,
-keyring and root (``rootfs.py``), and forks C. C (``_child_c``) drops its uid
-or every capability, lowers its priority, sets no_new_privs, Landlock (basic
-level) and seccomp, reads the request from a pipe, sets its rlimits, sends B
-one "set-up done" byte and closes that pipe, then runs the code. B reports
-that byte and C's wait status on a pipe C never holds: the only facts the
-handler takes from a call. ``run_file`` is the entry point of fresh mode, in
-the interpreter C executes instead of running the code itself.
+The zygote forks B with a :class:`CallSpec` (what it decided: uid, cgroup, root,
+filter; never request data) before any code arrives, so namespace, cgroup and
+mount set-up are off the critical path. B (``child_b``) makes itself unreachable
+from its call, enters the call's namespaces, cgroup, keyring and root
+(``rootfs.py``), and forks C. C (``_child_c``) takes a uid of its own or drops
+every capability, lowers its priority, sets no_new_privs, Landlock (basic level)
+and seccomp, reads the request from a pipe, sets its rlimits, sends B one
+"set-up done" byte and closes that pipe, then runs the code. B reports that byte
+and C's wait status on a pipe C never holds: the only facts the handler takes
+from a call. ``run_file`` is the entry point of fresh mode, in the interpreter C
+executes instead of running the code itself.
 
 Also here: the isolation levels and the per-call limits every other module
 of the server reads.
@@ -40,7 +40,7 @@ MAX_FILE_BYTES = 8 << 20  # largest file a call may write (stdout/stderr include
 MAX_OPEN_FILES = 64
 SANDBOX_STATUS = 70  # C's exit status when its set-up failed (a fact only with ready=0)
 CALL_NICE = 10  # a call's nice value above the trainer's (at most 19): never ahead of it
-PIN = True  # the address-space pin (off only to measure what it saves: --disable pin)
+PIN = True  # the address-space pin (the server clears it for --disable pin: benchmarks)
 
 
 def _vm_bytes() -> int:
