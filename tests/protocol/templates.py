@@ -102,3 +102,18 @@ REWRITES_HISTORY = """\
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+# Like templates that drop the reasoning of older turns: an assistant turn holding
+# "</think>" that is followed by more than one message is shown without its reasoning.
+# The history then renders differently once a tool message follows, but only for a
+# model that wrote "</think>": model text decides whether the continuation holds.
+DROPS_OLD_REASONING = """\
+{%- for message in messages %}
+{%- if message.role == 'assistant' and '</think>' in message.content and loop.index0 < messages|length - 2 %}<|im_start|>assistant
+{{ message.content.split('</think>')[-1] }}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""

@@ -77,3 +77,40 @@ def test_markdown_ignores_non_python_fences():
 def test_unknown_protocol():
     with pytest.raises(ConfigError, match="unknown protocol 'json'"):
         get_protocol("json")
+
+
+def _hermes(body: str) -> str:
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+DEEP = "[" * 1200  # unclosed: past the JSON reader's recursion limit before any mismatch
+LONG_INT = "1" * 5000  # past Python's int conversion limit (4300 digits)
+HOSTILE_JSON = {
+    "nested arguments": _hermes('{"name": "code_interpreter", "arguments": ' + DEEP + "}"),
+    "nested code": _hermes('{"name": "code_interpreter", "arguments": {"code": ' + DEEP + "}}"),
+    "nested, closed": _hermes('{"a": ' + "[" * 5000 + "]" * 5000 + "}"),
+    "long int name": _hermes('{"name": ' + LONG_INT + "}"),
+    "long int code": _hermes(
+        '{"name": "code_interpreter", "arguments": {"code": ' + LONG_INT + "}}"
+    ),
+    "double-encoded nesting": _hermes(
+        '{"name": "code_interpreter", "arguments": "' + "[" * 3000 + '"}'
+    ),
+    "double-encoded long int": _hermes(
+        '{"name": "code_interpreter", "arguments": "{\\"code\\": ' + LONG_INT + '}"}'
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_JSON))
+def test_json_the_reader_cannot_hold_is_an_invalid_call(case):
+    parsed = get_protocol("hermes_json").parse(HOSTILE_JSON[case])
+    assert parsed.kind == ParseKind.INVALID and parsed.error
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+@pytest.mark.parametrize("text", [*HOSTILE_JSON.values(), "\ud800", "\x00" * 3, "`" * 10_000])
+def test_no_dialect_raises_on_any_text(name, text):
+    """Whatever the dialect, hostile text is classified, never raised on."""
+    for turn in (text, f"Let me compute.\n{text}", f"{text}\n{CALLS[name]}"):
+        assert get_protocol(name).parse(turn).kind in set(ParseKind)

@@ -14,11 +14,21 @@ re-encoded, so the old logprobs stay attached to the tokens that were sampled.
 If the template renders the earlier history differently once the tool message
 is added (some templates rewrite or drop past turns), we raise instead of
 training on tokens the sampler never saw.
+
+The placeholder is a fresh random nonce per call (128 bits), drawn after the
+messages exist and checked absent from every one of them: the history holds
+model text (earlier assistant turns, observations its code printed), and a
+fixed marker there would make the render look rewritten. The nonce never
+reaches a prompt, so its randomness changes no token.
+
+:meth:`ToolDialect.parse` classifies text, it never raises on it: anything a
+model can write is an answer, a call or an invalid turn.
 """
 
 from __future__ import annotations
 
 import abc
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,7 +40,6 @@ from retool.protocol.sanitize import sanitize_observation, tokenizer_special_str
 
 Message = dict[str, Any]
 TOOL_NAME = "code_interpreter"
-_PLACEHOLDER = "RETOOLPLACEHOLDER"
 # Turn terminators that many chat templates use; kept as stop tokens when present.
 _TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
@@ -149,7 +158,8 @@ class ToolDialect(abc.ABC):
     # -- parsing ---------------------------------------------------------------
     @abc.abstractmethod
     def parse(self, text: str) -> ParsedAssistant:
-        """Classify one assistant turn as answer, tool call or invalid."""
+        """Classify one assistant turn as answer, tool call or invalid; never raises on
+        any text (a call this dialect cannot read is ``INVALID``)."""
 
     @abc.abstractmethod
     def stop_strings(self) -> tuple[str, ...]:
@@ -206,26 +216,42 @@ class ToolDialect(abc.ABC):
         message = dict(tool_message)
         message["content"] = sanitize_observation(str(message.get("content", "")), specials)
         before = list(messages_before_assistant)
+        placeholder = _placeholder([*before, message])
         prompt_text = self.render_text(tokenizer, before, add_generation_prompt=True)
         full = self.render_text(
             tokenizer,
-            [*before, {"role": "assistant", "content": _PLACEHOLDER}, message],
+            [*before, {"role": "assistant", "content": placeholder}, message],
             add_generation_prompt=True,
         )
-        if full.count(_PLACEHOLDER) != 1:
+        if full.count(placeholder) != 1:
             raise ProtocolError(
                 f"chat template ({self.name}) rewrites the conversation history: "
                 "the assistant's content is not rendered verbatim once a tool "
                 "message follows, so the sampled tokens cannot be continued"
             )
-        head, _, tail = full.partition(_PLACEHOLDER)
+        head, _, tail = full.partition(placeholder)
         if head != prompt_text:
             raise ProtocolError(
-                f"chat template ({self.name}) rewrites the conversation history when a tool "
-                "message follows; the next prompt would not extend the sampled tokens"
+                f"chat template ({self.name}) renders the earlier conversation differently "
+                "once a tool message follows (the template rewrites past turns, or their "
+                "text changes how it renders); the next prompt would not extend the "
+                "sampled tokens"
             )
         delta = list(tokenizer.encode(tail, add_special_tokens=False))
         return delta[_closing_overlap(tokenizer, completion_tokens, delta) :]
+
+
+def _placeholder(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A marker that no message holds: random, and checked against every field's text.
+
+    ``repr`` keeps every run of letters and digits of every string as it is, so a
+    message that contains the marker has a ``repr`` that contains it.
+    """
+    seen = repr(list(messages))
+    while True:
+        marker = f"RETOOL{secrets.token_hex(16)}"
+        if marker not in seen:
+            return marker
 
 
 def _closing_overlap(tokenizer: Any, completion: Sequence[int], delta: Sequence[int]) -> int:

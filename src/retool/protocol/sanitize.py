@@ -17,7 +17,10 @@ the word joiner and the BOM, tag characters that spell ASCII invisibly,
 interlinear annotations, line and paragraph separators; also the blank
 Hangul fillers and the supplementary variation selectors, which carry data
 invisibly after any letter). They become ``\\u202e`` / ``\\U000e0041``-style
-text. Three are kept: the zero-width joiner and non-joiner (U+200C, U+200D),
+text. Lone surrogates (U+D800 to U+DFFF outside a pair: a decoder's
+``surrogateescape`` byte, a ``\\ud800`` JSON escape) are shown the same way:
+they are not characters, and no tokenizer or UTF-8 writer accepts them.
+Three are kept: the zero-width joiner and non-joiner (U+200C, U+200D),
 which shape Persian and Indic words and emoji, and the zero-width space
 (U+200B), which is our own defuser (so sanitizing twice changes nothing);
 none of them can reorder or hide other text. The ranges are spelled out
@@ -68,7 +71,8 @@ _INVISIBLE = (
     "\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
     "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef"
 )
-_CONTROL_RE = re.compile(f"[{_CONTROL}{_INVISIBLE}]")
+_SURROGATE = "\ud800-\udfff"  # a str holds them only unpaired
+_CONTROL_RE = re.compile(f"[{_CONTROL}{_INVISIBLE}{_SURROGATE}]")
 
 
 def _shown(match: re.Match[str]) -> str:
@@ -80,7 +84,7 @@ def _shown(match: re.Match[str]) -> str:
 
 def escape_control(text: str) -> str:
     """``text`` with every control character but newline and tab shown as ``\\xNN``, and
-    every invisible format character as ``\\uNNNN`` / ``\\UNNNNNNNN``."""
+    every invisible format character and lone surrogate as ``\\uNNNN`` / ``\\UNNNNNNNN``."""
     return _CONTROL_RE.sub(_shown, text)
 
 
