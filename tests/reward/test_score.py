@@ -73,3 +73,51 @@ def test_score_many_keeps_order(checker):
     assert [r.valid_format for r in results] == [True, False, True, True]
     with pytest.raises(ValueError):
         score_many(["a"], [], checker=checker)
+
+
+def _peak_mib(pid: int) -> float:
+    """The most address space the process ever held (VmPeak), MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmPeak:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_worker_never_holds_more_than_its_memory_limit():
+    """A 14-character answer that makes sympy reach gigabytes within seconds: the
+    worker's cap stops it there (MemoryError inside, or the worker dies), far before a
+    generous deadline, and the answer is simply not equivalent."""
+    from retool.reward.verify import _Worker
+
+    worker = _Worker(memory_mb=256)
+    try:
+        worker.ask("1", "1", timeout=60.0)  # started: the limit is in place
+        try:
+            reply = worker.ask("(x+1)^{10^{6}}", "1", timeout=60.0)
+        except EOFError:
+            return  # it died at its cap: the checker answers for it (next test)
+        assert reply is not None, "no reply within a minute: the cap did not hold"
+        assert reply[1] is not True
+        assert _peak_mib(worker.process.pid) <= 256
+    finally:
+        worker.kill()
+
+
+def test_a_check_whose_worker_dies_twice_is_answered_not_raised(monkeypatch):
+    from retool.reward import verify
+
+    monkeypatch.setattr(verify, "MIN_MEMORY_MB", 1)  # a cap below what the imports need
+    with EquivalenceChecker(timeout=5.0, memory_mb=8) as checker:
+        verdict = checker.check("\\frac{2}{4}", "0.5")
+        assert (verdict.equivalent, verdict.failed, checker.failures) == (False, True, 1)
+        assert "died twice" in verdict.error
+        result = score_answer("\\boxed{\\frac{2}{4}}", "0.5", checker=checker)
+        assert (result.reward, result.failed, result.valid_format) == (-1.0, True, True)
+        assert checker.check("2", "2").equivalent  # plain integers need no worker
+
+
+@pytest.mark.parametrize("memory_mb", [0, 64, -1, 1.5, "512"])
+def test_a_memory_limit_too_small_to_import_is_refused(memory_mb):
+    from retool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="memory_mb"):
+        EquivalenceChecker(memory_mb=memory_mb)

@@ -1,7 +1,9 @@
 """Outcome reward: the last ``\\boxed{}`` answer, math-equivalent to the reference.
 
 ``score_answer`` returns +1 for a correct boxed answer and -1 for anything else
-(a wrong answer, no box at all, or an equivalence check that ran out of time).
+(a wrong answer, no box at all, or an equivalence check that ran out of time or
+memory, or whose worker died: see :mod:`retool.reward.verify`). It never raises
+on the model's text.
 The reward never looks at how the answer was reached: tool use is learned only
 through its effect on the final answer.
 
@@ -34,6 +36,7 @@ class RewardResult:
     valid_format: bool  # a complete \boxed{} was found in the tail of the text
     answer: str | None  # content of that box, None when there was none
     timed_out: bool = False  # the equivalence check hit its deadline (counted as wrong)
+    failed: bool = False  # the check could not be made: its worker died twice (counted as wrong)
 
 
 def _result(answer: str | None, verdict: Verdict | None) -> RewardResult:
@@ -45,6 +48,7 @@ def _result(answer: str | None, verdict: Verdict | None) -> RewardResult:
         valid_format=True,
         answer=answer,
         timed_out=verdict.timed_out,
+        failed=verdict.failed,
     )
 
 

@@ -8,6 +8,16 @@ deadline; the check then counts as "not equivalent" and as a timeout. Workers
 start once (importing sympy costs about a second) and are reused; a killed
 worker is replaced on the next call.
 
+Memory is bounded too: a 14-character answer such as ``(x+1)^{10^{6}}`` makes
+sympy reach a gigabyte in two seconds, well inside the deadline. Each worker
+caps its own address space (``RLIMIT_AS``, :data:`MEMORY_LIMIT_MB` by default,
+about eight times what a worker holds after its imports), so such a check
+fails with ``MemoryError`` inside the worker (not equivalent) or kills the
+worker. A check whose worker dies twice is answered, never raised: "not
+equivalent" with ``Verdict.failed`` set (``EquivalenceChecker.failures`` and
+the rollout's ``reward_failures`` count them). The answer is model text, and
+no answer may stop a rollout.
+
 Safety: the model's answer is parsed as LaTeX only. math-verify's plain
 expression parser goes through ``sympy.parse_expr``, which calls ``eval``, and
 model text must never reach ``eval`` outside the sandbox. Workers also start
@@ -33,10 +43,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from retool.checks import check_number
 from retool.reward.arguments import check_text, check_timeout, check_workers, reference_text
 
 _INT_RE = re.compile(r"^[+-]?\d{1,64}$")
 _STARTUP_GRACE_S = 120.0  # a new worker's imports (about 1 s; more on a loaded machine)
+MEMORY_LIMIT_MB = 512  # address space of one worker process (RLIMIT_AS), MiB
+MIN_MEMORY_MB = 128  # below this a worker cannot import sympy and math-verify
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,8 @@ class Verdict:
 
     equivalent: bool  # math-verify judged the answers equal
     timed_out: bool = False  # the check was killed at its deadline
-    error: str | None = None  # an exception raised inside math-verify
+    error: str | None = None  # an exception raised inside math-verify, or why its worker died
+    failed: bool = False  # the worker died twice on this check (memory limit, crash)
 
 
 def _plain_int(text: str) -> int | None:
@@ -70,12 +84,12 @@ def equivalent_in_process(answer: str, reference: str) -> bool:
 class _Worker:
     """One ``python -m retool.reward._worker`` process."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_mb: int) -> None:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0"}
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = src  # works from a source checkout as well as an install
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "retool.reward._worker"],
+            [sys.executable, "-m", "retool.reward._worker", str(memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -121,6 +135,8 @@ class _Worker:
         reply = self._read_line(timeout)
         if reply is None:
             return None
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise ValueError(f"verifier process replied {reply!r:.80}")
         status, value = reply
         return str(status), value
 
@@ -135,21 +151,28 @@ class _Worker:
 class EquivalenceChecker:
     """A pool of math-verify worker processes with a hard per-check deadline."""
 
-    def __init__(self, timeout: float = 5.0, workers: int = 1) -> None:
+    def __init__(
+        self, timeout: float = 5.0, workers: int = 1, memory_mb: int = MEMORY_LIMIT_MB
+    ) -> None:
         self.timeout = check_timeout("EquivalenceChecker timeout (seconds)", timeout)
         self.workers = check_workers("EquivalenceChecker workers", workers)
+        check_number("EquivalenceChecker memory_mb", memory_mb, MIN_MEMORY_MB, integer=True)
+        self.memory_mb = int(memory_mb)
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         for _ in range(workers):
             self._idle.put(None)  # a slot; its process starts on first use
         self._lock = threading.Lock()
         self.checks = 0  # checks sent to a worker process
         self.timeouts = 0  # checks killed at the deadline
+        self.failures = 0  # checks whose worker died twice (scored not equivalent)
         self._closed = False
 
     def check(self, answer: str, reference: str | float, timeout: float | None = None) -> Verdict:
         """Whether ``answer`` equals ``reference``, decided within ``timeout`` seconds.
 
         ``reference`` may be a number; ``timeout`` defaults to the checker's own.
+        Never raises on the answer: a worker that dies twice on it (its memory
+        limit, a crash) gives a ``failed`` verdict, not equivalent.
         """
         check_text("EquivalenceChecker.check answer", answer, "the boxed answer")
         reference = reference_text("EquivalenceChecker.check reference", reference)
@@ -165,14 +188,17 @@ class EquivalenceChecker:
         try:
             for attempt in range(2):
                 if worker is None or not worker.alive():
-                    worker = _Worker()
+                    worker = _Worker(self.memory_mb)
                 try:
                     reply = worker.ask(answer, reference, timeout)
                 except (EOFError, OSError, ValueError) as exc:
                     worker.kill()
                     worker = None
                     if attempt == 1:
-                        raise RuntimeError(f"math-verify worker keeps dying: {exc}") from exc
+                        with self._lock:
+                            self.failures += 1
+                        why = f"the math-verify worker died twice on this answer: {exc}"
+                        return Verdict(False, error=why, failed=True)
                     continue
                 with self._lock:
                     self.checks += 1
