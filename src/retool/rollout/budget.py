@@ -13,6 +13,12 @@ shows what the code started printing. The number of kept tokens is found by
 binary search over the token count, so it always terminates (the reference
 shrank by characters and could loop forever at lengths 65/66), and only a
 candidate that was measured to fit is ever returned.
+
+The content is sanitized first (:func:`~retool.protocol.sanitize_observation`,
+which the dialect applies anyway and which changes nothing when applied
+twice), so the tokens counted and cut are those the model will read, and
+printed output the tokenizer refuses (a lone surrogate) is escaped text
+before it reaches the tokenizer.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from retool.protocol import Message, ToolDialect
+from retool.protocol import Message, ToolDialect, sanitize_observation
+from retool.protocol.sanitize import tokenizer_special_strings
 
 HEAD_SHARE = 1 / 3  # of the kept tokens, this share comes from the head
 
@@ -103,6 +110,7 @@ def fit_observation(
     The result satisfies ``content_tokens <= max_content_tokens`` and
     ``len(next_prompt) <= max_prompt_tokens``, both measured.
     """
+    content = sanitize_observation(content, tokenizer_special_strings(tokenizer))
     base = len(prompt_tokens) + len(completion_tokens)
     content_ids = list(tokenizer.encode(content, add_special_tokens=False))
 

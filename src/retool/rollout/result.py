@@ -37,6 +37,7 @@ class RolloutCounters:
     text_mismatches: int = 0  # sampler text differed from the decode of its tokens
     text_missing: int = 0  # sampler returned no text (decoded from the tokens)
     reward_timeouts: int = 0  # equivalence checks cut at their deadline
+    reward_failures: int = 0  # answers that could not be scored (worker died, scoring raised): -1
     sampled_tokens: int = 0  # completion tokens received
     skipped_questions: int = 0  # questions whose first prompt did not fit
 

@@ -29,6 +29,21 @@ a trajectory that still fails ends as ``sampler_error`` / ``sandbox_error``
 and is excluded. A traceback or timeout of the model's own code is an
 observation like any other output.
 
+Model text is data. Whatever the model writes (its turns, and what its code
+prints into observations) may make handling it raise: a parse, the chat
+template's render of the next prompt, fitting or formatting the observation.
+Such a failure ends that trajectory only, as ``text_error``: reward -1 without
+scoring (the trajectory's own failure: trained, never excluded), the exception
+in ``Trajectory.error``. Whether the template can continue a conversation at
+all is probed once per batch on text that is not the model's (the first
+question and an empty observation, when the tool reserve is measured): a
+template that rewrites history still stops the batch there, with one line. The
+built-in reward never raises on an answer either: a check that cannot be made
+(its worker died at its memory limit, or scoring raised) scores -1 and counts
+in ``rollout/reward_failures``. A custom ``scorer`` is configuration, not model
+text: an exception from it (a reward service that went away) stops the batch,
+so a function that cannot score some text must return -1 itself.
+
 Exclusion is a reward channel (an excluded -1 becomes 0), so a sandbox failure
 excludes only on evidence the code cannot produce: the sandbox saw that the
 code never ran (``ExecResult.delivered`` is False: not delivered, or the call's
@@ -69,9 +84,10 @@ from typing import Any
 
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
-from retool.errors import ConfigError, StalePolicyError
+from retool.errors import ConfigError, RetoolError, StalePolicyError
 from retool.protocol import ParseKind, get_protocol
-from retool.reward import EquivalenceChecker, Scorer, score_answer
+from retool.reward import WRONG_REWARD, EquivalenceChecker, RewardResult, Scorer, score_answer
+from retool.reward.arguments import check_timeout
 from retool.rollout.advantages import assign_group_advantages
 from retool.rollout.budget import TurnPlan, fit_observation, plan_turn, wrapper_tokens
 from retool.rollout.result import RolloutCounters, RolloutResult, informative
@@ -346,8 +362,25 @@ class _Batch:
         trajectory.ended_s = time.monotonic() - self.started
         self.scoring.append(asyncio.ensure_future(self.finish(trajectory)))
 
+    def end_on_text_error(self, trajectory: Trajectory, stage: str, exc: Exception) -> None:
+        """End ``trajectory`` as ``text_error``: handling its own text raised at ``stage``."""
+        trajectory.error = f"{stage}: {type(exc).__name__}: {str(exc)[:300]}"
+        log.warning(
+            "question %d, member %d: %s; the trajectory ends as %s",
+            trajectory.question_index,
+            trajectory.group_index,
+            trajectory.error,
+            StopReason.TEXT_ERROR,
+        )
+        self.end(trajectory, StopReason.TEXT_ERROR)
+
     async def finish(self, trajectory: Trajectory) -> None:
-        if not trajectory.excluded:
+        if trajectory.stop_reason == StopReason.TEXT_ERROR:
+            self.assign(
+                trajectory,
+                RewardResult(WRONG_REWARD, correct=False, valid_format=False, answer=None),
+            )
+        elif not trajectory.excluded:
             await self.score(trajectory)
         assert trajectory.stop_reason is not None
         self.notify(trajectory, trajectory.stop_reason, 1)
@@ -392,11 +425,14 @@ class _Batch:
             self.progress = None
 
     async def score(self, trajectory: Trajectory) -> None:
+        """The reward of the final text. A custom scorer's exception stops the batch (it
+        is configuration); the built-in reward's scores -1 (see the module docstring)."""
         if self.scorer is not None:
             result = await asyncio.to_thread(
                 self.scorer, trajectory.final_text, trajectory.example.answer
             )
-        else:
+            return self.assign(trajectory, result)
+        try:
             result = await asyncio.to_thread(
                 score_answer,
                 trajectory.final_text,
@@ -404,11 +440,29 @@ class _Batch:
                 self.reward_timeout,
                 self.checker,
             )
+        except RetoolError:
+            raise  # a setting or a reference answer, not the model's text
+        except Exception as exc:
+            trajectory.error = f"reward: {type(exc).__name__}: {str(exc)[:300]}"
+            log.warning(
+                "question %d, member %d: %s; scored %+.0f",
+                trajectory.question_index,
+                trajectory.group_index,
+                trajectory.error,
+                WRONG_REWARD,
+            )
+            result = RewardResult(
+                WRONG_REWARD, correct=False, valid_format=False, answer=None, failed=True
+            )
+        self.assign(trajectory, result)
+
+    def assign(self, trajectory: Trajectory, result: RewardResult) -> None:
         trajectory.reward = result.reward
         trajectory.correct = result.correct
         trajectory.valid_format = result.valid_format
         trajectory.answer = result.answer
         self.counters.reward_timeouts += result.timed_out
+        self.counters.reward_failures += result.failed
 
     # -- the state machine -------------------------------------------------------
     def record(
@@ -504,10 +558,15 @@ class _Batch:
         config = self.config
         while True:
             turn = self.record(trajectory, prompt, sampled, plan, seed, seconds)
-            parsed = self.dialect.parse(turn.text)
+            trajectory.final_text = turn.text  # the last assistant text is what is scored
+            try:
+                parsed = self.dialect.parse(turn.text)
+            except Exception as exc:  # a dialect bug: the text is still only data
+                turn.parse_kind, turn.parse_error = str(ParseKind.INVALID), str(exc)[:300]
+                trajectory.messages.append({"role": "assistant", "content": turn.text})
+                return self.end_on_text_error(trajectory, "parse", exc)
             turn.parse_kind = str(parsed.kind)
             turn.parse_error = parsed.error
-            trajectory.final_text = turn.text  # the last assistant text is what is scored
             if parsed.kind != ParseKind.TOOL or parsed.code is None:
                 trajectory.messages.append({"role": "assistant", "content": turn.text})
                 cut_by_budget = (
@@ -543,19 +602,37 @@ class _Batch:
                 return self.end(trajectory, StopReason.SANDBOX_ERROR)
             if result.error_kind == ErrorKind.SANDBOX:  # it may have run: its own failure
                 return self.end(trajectory, StopReason.SANDBOX_UNREPORTED)
-            content = format_tool_content(result, self.tool_timeout)
-            fitted = await asyncio.to_thread(
-                fit_observation,
-                self.dialect,
-                self.tokenizer,
-                messages_before,
-                prompt,
-                turn.completion_tokens,
-                call_id,
-                content,
-                max_content_tokens=config.max_tool_response_tokens,
-                max_prompt_tokens=config.max_trajectory_tokens - 1,
-            )
+            content = ""
+            try:  # the code's output and the model's history, through the template
+                content = format_tool_content(result, self.tool_timeout)
+                fitted = await asyncio.to_thread(
+                    fit_observation,
+                    self.dialect,
+                    self.tokenizer,
+                    messages_before,
+                    prompt,
+                    turn.completion_tokens,
+                    call_id,
+                    content,
+                    max_content_tokens=config.max_tool_response_tokens,
+                    max_prompt_tokens=config.max_trajectory_tokens - 1,
+                )
+                message = self.dialect.tool_message(call_id, fitted.content) if fitted else None
+            except Exception as exc:
+                trajectory.observations.append(
+                    Observation(
+                        call_id=call_id,
+                        code=parsed.code,
+                        content=content,
+                        ok=result.ok,
+                        error_kind=str(result.error_kind) if result.error_kind else None,
+                        latency_s=result.latency_s,
+                        appended=False,
+                        shared=shared,
+                        attempts=attempts,
+                    )
+                )
+                return self.end_on_text_error(trajectory, "observation", exc)
             observation = Observation(
                 call_id=call_id,
                 code=parsed.code,
@@ -571,9 +648,9 @@ class _Batch:
                 attempts=attempts,
             )
             trajectory.observations.append(observation)
-            if fitted is None:
+            if fitted is None or message is None:
                 return self.end(trajectory, StopReason.OBSERVATION_TOO_LONG)
-            trajectory.messages.append(self.dialect.tool_message(call_id, fitted.content))
+            trajectory.messages.append(message)
             trajectory.next_prompt_tokens = fitted.next_prompt
             trajectory.code_calls += 1
             prompt = fitted.next_prompt
@@ -692,6 +769,7 @@ async def rollout_batch_async(
                 f"reuse[{slot}] must be a complete group of {config.group_size} trajectories "
                 f"for a slot below {slots}"
             )
+    reward_timeout = check_timeout("rollout_batch reward_timeout (seconds)", reward_timeout)
     check_context_limit(config, sampling_client.max_context_tokens, "the sampler")
     check_context_limit(config, context_limit, "the trainer")
     batch = _Batch(

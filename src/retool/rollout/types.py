@@ -51,6 +51,12 @@ class StopReason(StrEnum):
     SANDBOX_UNREPORTED = "sandbox_unreported"
     """Every attempt failed after the code was delivered (it may have run and caused
     the failure): the trajectory's own failure, scored and trained, never excluded."""
+    TEXT_ERROR = "text_error"
+    """Handling the trajectory's own text raised: parsing a turn, rendering the next
+    prompt through the chat template, or formatting or fitting an observation its code
+    printed. The model's text caused it, so it is the trajectory's own failure: reward
+    -1 without scoring (whatever the text boxed), trained, never excluded; ``error``
+    says what raised."""
 
 
 EXCLUDED_STOPS = frozenset(
@@ -118,7 +124,7 @@ class Trajectory:
     answer: str | None = None  # content of that box
     advantage: float = 0.0  # group-centred reward; 0 for excluded trajectories
     stop_reason: StopReason | None = None  # why it ended; set on every ended trajectory
-    error: str | None = None  # the last infrastructure error, for *_error stops
+    error: str | None = None  # the last infrastructure or text error, for *_error stops
     policy_version: int = 0  # training step whose weights sampled it
     sample_retries: int = 0  # sampler calls retried for this trajectory
     sandbox_retries: int = 0  # sandbox calls retried for this trajectory
