@@ -158,3 +158,19 @@ def test_compare_on_the_intersection_and_its_errors(tmp_path):
     other.write_text(header_line({"n": 2}) + "".join(row_line(r) for r in rows))
     with pytest.raises(DataError, match=r"problem 'p0' has reference answer '99'"):
         compare(a, other)
+
+
+def test_rows_are_ascii_lines_whatever_the_model_wrote(tmp_path):
+    """Line and paragraph separators, NEL, C1 and bidi controls and lone surrogates in a
+    model's text: each row stays one ASCII line (nothing for a Unicode-aware line
+    splitter to split, nothing raw for a terminal), and reads back unchanged."""
+    from retool.evaluation.results import header_line, row_line
+
+    odd = "x\u2028y\u2029z\x85\x9b[2J\u202e\u2066\ud800-\udfff\x00\u00e9\u6570"
+    rows = [make_row("p0", 0, s, s == 0, final_text=odd, answer=odd) for s in range(2)]
+    lines = [header_line({"n": 2}), *(row_line(r) for r in rows)]
+    assert all(line.isascii() and line.count("\n") == 1 for line in lines)
+    path = tmp_path / "r.jsonl"
+    path.write_bytes("".join(lines).encode("utf-8"))
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+    assert [r["final_text"] for r in load_results(path).rows] == [odd, odd]

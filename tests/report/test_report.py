@@ -257,11 +257,21 @@ def test_step_selection_keeps_recent_steps_and_a_sample_of_older_ones():
     assert select_steps([3, 1, 2]) == [1, 2, 3]
 
 
+def _text_size(step: dict) -> int:
+    """A step's questions as the text budget measures them (JSON, without token views)."""
+    questions = [
+        {**q, "members": [{**m, "segs": None} for m in q["members"]]} for q in step["questions"]
+    ]
+    return sum(len(json.dumps(q)) for q in questions)
+
+
 def test_page_budgets_drop_older_steps_and_token_views_and_say_so(crafted_run, monkeypatch):
     from retool.report import viewer
 
-    monkeypatch.setattr(viewer, "TEXT_BUDGET", 1)  # any step is over: only the newest is kept
-    monkeypatch.setattr(viewer, "TOKEN_BUDGET", 1)  # the first group decodes, then no more
+    newest = viewer.build_viewer(load_run(crafted_run)).to_json()["steps"][-1]
+    # room for the newest step's text only; the first group decodes, then no more
+    monkeypatch.setattr(viewer, "TEXT_BUDGET", _text_size(newest))
+    monkeypatch.setattr(viewer, "TOKEN_BUDGET", 1)
     data = viewer.build_viewer(load_run(crafted_run)).to_json()
     assert [s["step"] for s in data["steps"]] == [2]
     assert any("1 older steps (up to step 1) are left out" in n for n in data["notes"])
@@ -324,3 +334,94 @@ def test_the_page_assets_are_embedded_whole_and_ship_as_package_data(crafted_rep
     assets = sorted(p.name for p in (Path(page.__file__).parent / "assets").iterdir())
     assert assets == ["report.css", "report.js"]
     assert all(any(fnmatch(f"assets/{name}", p) for p in declared) for name in assets)
+
+
+def _long_run(tmp_path: Path, tokenizer, questions: int, chars: int) -> Path:
+    """A run whose one step holds ``questions`` groups of two members, each writing
+    ``chars`` characters: a step far over a small text budget."""
+    from retool.config import load_config
+    from retool.data.examples import MathExample
+    from retool.training.run_dir import RunDirectory, config_to_toml
+    from tests.report.conftest import _trajectory
+
+    root = tmp_path / "long"
+    root.mkdir()
+    config = load_config(None, ['model.base_model="tiny-random"', "rollout.group_size=2"])
+    (root / "config.toml").write_text(config_to_toml(config))
+    run = RunDirectory(root)
+    run.rollouts_dir.mkdir()
+    records = []
+    for slot in range(questions):
+        example = MathExample(f"q{slot}", f"Question {slot}?", "1")
+        for member in range(2):
+            text = f"{slot}-{member} " + "x" * chars
+            records.append(_trajectory(tokenizer, example, slot, member, [text], [], -1.0, 0.0))
+    run.complete_step(1, {"reward/mean": -1.0}, records)
+    return root
+
+
+def test_the_text_budget_also_cuts_the_newest_step(tokenizer, tmp_path, monkeypatch):
+    """One step of long trajectories can be many times the budget: its questions are
+    embedded while they fit, and the page says how many were left out."""
+    from retool.report import viewer
+
+    run = load_run(_long_run(tmp_path, tokenizer, questions=16, chars=39_000))
+    (whole,) = viewer.build_viewer(run, tokenizer=False).to_json()["steps"]
+    monkeypatch.setattr(viewer, "TEXT_BUDGET", 200_000)
+    assert _text_size(whole) > 5 * viewer.TEXT_BUDGET
+    data = viewer.build_viewer(run, tokenizer=False).to_json()
+    (step,) = data["steps"]
+    assert 0 < len(step["questions"]) < 16 and _text_size(step) <= viewer.TEXT_BUDGET
+    left = 16 - len(step["questions"])
+    assert any(f"step 1: {left} questions are left out" in n for n in data["notes"])
+    assert [q["slot"] for q in step["questions"]] == list(range(len(step["questions"])))
+
+
+def test_a_damaged_rollouts_file_leaves_its_step_out_with_a_note(crafted_run, tmp_path):
+    """A corrupted deflate block (zlib.error, which is no OSError), a torn gzip and a
+    file that is not gzip: each step is left out with a note, the rest is reported."""
+    import gzip
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(crafted_run, run, ignore=shutil.ignore_patterns("report"))
+    path = run / "rollouts" / "step_000002.jsonl.gz"
+    good = path.read_bytes()
+    payload = gzip.decompress(good)
+    cases = {
+        "deflate": good[:10] + b"\xff" * 8 + good[18:],  # the first block: an invalid type
+        "torn": good[: len(good) // 2],
+        "not gzip": payload,
+    }
+    for name, damaged in cases.items():
+        path.write_bytes(damaged)
+        page = write_report(run, output=tmp_path / name).read_text(encoding="utf-8")
+        data = viewer_data(page)
+        assert [s["step"] for s in data["steps"]] == [1], name
+        notes = [n for n in data["notes"] if n.startswith("step 2: rollouts file damaged")]
+        assert len(notes) == 1 and "\n" not in notes[0], name
+
+
+def test_eval_rows_with_unicode_line_breaks_are_read_whole(crafted_run, tmp_path):
+    """Rows written before they were ASCII-escaped hold U+2028, U+2029, U+0085 and form
+    feeds raw inside strings: a reader that split on them lost the file (--eval) or
+    dropped the run's own evaluation from its report without a word."""
+    import shutil
+
+    odd = "a\u2028b\u2029c\x85d\x0ce\x1cf\u202eg"
+    lines = [json.dumps({"settings": {"model": "m", "n": 2}})]
+    for index, (problem, correct) in enumerate(ROWS):
+        row = {"problem_id": problem, "sample_index": index % 2, "correct": correct}
+        lines.append(json.dumps({**row, "final_text": odd, "answer": odd}, ensure_ascii=False))
+    text = "\n".join(lines) + "\n"
+    assert len(text.splitlines()) > len(lines)  # what str.splitlines would have made of it
+    path = tmp_path / "legacy.jsonl"
+    path.write_text(text, encoding="utf-8")
+    result = load_eval_file(path)
+    assert result.samples == 4 and result.average == 0.25 and result.complete is False
+    run = tmp_path / "run"
+    shutil.copytree(crafted_run, run, ignore=shutil.ignore_patterns("report"))
+    (run / "eval").mkdir()
+    shutil.copy(path, run / "eval" / "step_000002.jsonl")
+    page = write_report(run, output=tmp_path / "out").read_text(encoding="utf-8")
+    assert "<tr><th scope=row>step 2" in page and "skipped step_000002.jsonl" not in page

@@ -16,6 +16,12 @@
   Readers take the sample rows and recompute anything they need; the summary
   is a convenience for people and plots.
 
+Every line is ASCII: JSON escapes everything else (``\u2028``, C1 controls,
+bidi overrides, lone surrogates in sample text), so no character of a model's
+answer can split a line for a reader that splits on Unicode line breaks,
+reorder a terminal that shows the file, or fail to encode as UTF-8. Readers
+split lines on ``"\n"`` only.
+
 Crash safety: a kill can leave a torn last line, which readers drop; any other
 unparsable line is a damaged file and an error. A resumed run rewrites the
 file first (to a temporary sibling, then renamed over it) with the header and
@@ -207,7 +213,8 @@ def header_line(settings: Mapping[str, Any]) -> str:
 
 
 def row_line(row: Mapping[str, Any]) -> str:
-    return json.dumps(row, ensure_ascii=False) + "\n"
+    """One sample row as an ASCII JSON line (see the module docstring)."""
+    return json.dumps(row, ensure_ascii=True) + "\n"
 
 
 def write_lines_atomic(path: Path, lines: Sequence[str]) -> None:

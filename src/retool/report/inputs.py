@@ -176,10 +176,13 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
 
     data = read_bytes(file, flag="--eval", what="result file", error=ReportError, limit=2**31)
     try:
-        lines = data.decode("utf-8").splitlines()
+        # "\n" only: str.splitlines would also split a row inside a string at U+2028,
+        # U+0085 or a form feed (files written before rows were ASCII-escaped hold them raw)
+        lines = data.decode("utf-8").split("\n")
     except UnicodeDecodeError as exc:
         bad = data.count(b"\n", 0, exc.start) + 1
         raise _not_eval(file, f"line {bad} is not UTF-8 text") from None
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
     settings: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = []
@@ -188,8 +191,8 @@ def load_eval_file(path: str | Path, label: str | None = None) -> EvalResult:
             continue
         try:
             record = json_loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines) and (settings is not None or rows):
+        except (json.JSONDecodeError, RecursionError):
+            if number == last and (settings is not None or rows):
                 break  # a torn last line: the evaluation was killed mid-write
             raise _not_eval(file, f"line {number} is not JSON") from None
         if not isinstance(record, dict):

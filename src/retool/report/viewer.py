@@ -21,14 +21,22 @@ where it is tested:
   whole. Decoded pieces go into one shared table and identical segments (a
   group's shared prompt) are stored once, which keeps the page small; the total
   is capped at :data:`TOKEN_BUDGET` tokens (newest steps first), beyond which
-  trajectories show their turns only. Older steps are dropped once the turn
-  texts pass :data:`TEXT_BUDGET` characters. The system prompt and question,
-  the same for every member of a group, are stored once per question. Without
+  trajectories show their turns only. The turn texts of the whole page stay
+  under :data:`TEXT_BUDGET` characters (measured as embedded JSON): newest
+  steps first, question by question, so the newest step too is cut to the
+  budget (a single step of long trajectories can exceed it many times); the
+  questions and older steps that do not fit are left out, and the page says so.
+  The system prompt and question, the same for every member of a group, are
+  stored once per question. Without
   a tokenizer (not installed, a model directory that is gone) whole messages
   are coloured by role instead, and the page says why.
 * **SFT runs** write conversations (``{id, messages}``) instead of
   trajectories: each is shown as one "question" with one member whose
   assistant messages carry the loss.
+* **Damaged files.** A rollouts file that cannot be read to its end (torn,
+  not gzip, a corrupted deflate block, not UTF-8, a line that is not JSON)
+  leaves its step out with a note, as a damaged eval file of the run is left
+  out of the table: the report of the rest is still worth having.
 * **Untrusted text.** Model output can contain anything. It is only ever put
   into the page as JSON data (see :mod:`retool.report.page`) and inserted with
   ``textContent``; NUL characters are replaced with U+FFFD here, and other
@@ -41,6 +49,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -254,10 +263,7 @@ def _trains(record: dict[str, Any]) -> bool:
 
 
 def _member(
-    record: dict[str, Any],
-    parse: Callable[[str], Any] | None,
-    table: TokenTable | None,
-    position: int,
+    record: dict[str, Any], parse: Callable[[str], Any] | None, position: int
 ) -> dict[str, Any]:
     counts = record.get("tokens")
     tokens: dict[str, Any] = counts if isinstance(counts, dict) else {}
@@ -278,16 +284,21 @@ def _member(
         "turns": build_turns(record, parse),
         "segs": None,
     }
-    segments = record.get("segments")
-    if table is not None and isinstance(segments, list):
-        segs = []
-        for segment in segments:
-            if not isinstance(segment, dict) or not isinstance(segment.get("tokens"), list):
-                continue
-            role = "assistant" if segment.get("role") == "assistant" else "context"
-            segs.append([role, bool(segment.get("loss")), table.segment(segment["tokens"])])
-        member["segs"] = segs
     return member
+
+
+def _segs(record: dict[str, Any], table: TokenTable) -> list[list[Any]] | None:
+    """The record's token segments as ``[role, loss, segment index]`` (decoded into ``table``)."""
+    segments = record.get("segments")
+    if not isinstance(segments, list):
+        return None
+    segs = []
+    for segment in segments:
+        if not isinstance(segment, dict) or not isinstance(segment.get("tokens"), list):
+            continue
+        role = "assistant" if segment.get("role") == "assistant" else "context"
+        segs.append([role, bool(segment.get("loss")), table.segment(segment["tokens"])])
+    return segs
 
 
 def _sft_question(record: dict[str, Any], index: int) -> dict[str, Any]:
@@ -347,36 +358,66 @@ def _hoist(question: dict[str, Any]) -> dict[str, Any]:
     return question
 
 
+def _size(value: Any) -> int:
+    """Characters of ``value`` as the page embeds it (JSON)."""
+    return len(json.dumps(value))
+
+
 def _rl_step(
     step: int,
     records: list[dict[str, Any]],
     run: RunInputs,
     parse: Callable[[str], Any] | None,
     tokens: _Tokens,
-) -> dict[str, Any]:
+    budget: int,
+) -> tuple[dict[str, Any], int, int]:
+    """The step's viewer data, its size and how many questions did not fit ``budget``."""
     groups: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         slot = _integer(record.get("question_index"))
         groups.setdefault(-1 if slot is None else slot, []).append(record)
     questions = []
-    for slot in sorted(groups)[:MAX_QUESTIONS]:
+    used = 0
+    slots = sorted(groups)[:MAX_QUESTIONS]
+    for slot in slots:
         members = sorted(groups[slot], key=lambda r: _integer(r.get("group_index")) or 0)
         first = members[0]
-        table = tokens.for_next_group(run, len(members))
+        shown_members = [_member(r, parse, i) for i, r in enumerate(members)]
         question = {
             "slot": slot,
             "id": clean(first.get("example_id")),
             "question": clean(first.get("question")),
             "reference": clean(first.get("reference")),
-            "members": [_member(r, parse, table, i) for i, r in enumerate(members)],
+            "members": shown_members,
         }
-        questions.append(_hoist(question))
-    return {"step": step, "questions": questions, "omitted": max(len(groups) - MAX_QUESTIONS, 0)}
+        size = _size(_hoist(question))
+        if used + size > budget:
+            break
+        table = tokens.for_next_group(run, len(members))
+        if table is not None:  # decoded only for a question that is shown
+            for member, record in zip(shown_members, members, strict=True):
+                member["segs"] = _segs(record, table)
+        questions.append(question)
+        used += size
+    shown = {"step": step, "questions": questions, "omitted": max(len(groups) - MAX_QUESTIONS, 0)}
+    return shown, used, len(slots) - len(questions)
 
 
-def _sft_step(step: int, records: list[dict[str, Any]]) -> dict[str, Any]:
-    questions = [_hoist(_sft_question(r, i)) for i, r in enumerate(records[:MAX_QUESTIONS])]
-    return {"step": step, "questions": questions, "omitted": max(len(records) - MAX_QUESTIONS, 0)}
+def _sft_step(
+    step: int, records: list[dict[str, Any]], budget: int
+) -> tuple[dict[str, Any], int, int]:
+    questions = []
+    used = 0
+    kept = records[:MAX_QUESTIONS]
+    for index, record in enumerate(kept):
+        question = _hoist(_sft_question(record, index))
+        size = _size(question)
+        if used + size > budget:
+            break
+        questions.append(question)
+        used += size
+    shown = {"step": step, "questions": questions, "omitted": max(len(records) - MAX_QUESTIONS, 0)}
+    return shown, used, len(kept) - len(questions)
 
 
 def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
@@ -400,29 +441,36 @@ def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
     tokens = _Tokens(tokenizer)
     by_step: dict[int, dict[str, Any]] = {}
     text_size = 0
+    budget_mb = f"{TEXT_BUDGET / 1_000_000:g} MB"
     for step in reversed(chosen):  # newest first: they get the token and text budgets
         try:
             records = [
                 r for r in read_rollouts(directory.rollouts_path(step)) if isinstance(r, dict)
             ]
-        except (OSError, EOFError, ValueError) as exc:
-            data.notes.append(f"step {step}: rollouts file unreadable ({exc}); left out")
+        except (OSError, EOFError, ValueError, RecursionError, zlib.error) as exc:
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            data.notes.append(f"step {step}: rollouts file damaged ({why}); left out")
             continue
         rl = [r for r in records if "group_index" in r or "segments" in r]
+        budget = TEXT_BUDGET - text_size
         if rl:
             data.kind = "rl"
-            shown = _rl_step(step, rl, run, parse, tokens)
+            shown, size, cut = _rl_step(step, rl, run, parse, tokens, budget)
         else:  # an SFT step: conversations
             data.kind = "sft" if data.kind == "none" else data.kind
-            shown = _sft_step(step, records)
-        size = len(json.dumps(shown))
-        if by_step and text_size + size > TEXT_BUDGET:
+            shown, size, cut = _sft_step(step, records, budget)
+        if cut and not shown["questions"] and by_step:  # nothing of it fits: stop here
             older = [s for s in chosen if s <= step]
             data.notes.append(
                 f"{len(older)} older steps (up to step {step}) are left out to keep the page "
-                f"under about {TEXT_BUDGET // 1_000_000} MB of trajectory text"
+                f"under about {budget_mb} of trajectory text"
             )
             break
+        if cut:
+            data.notes.append(
+                f"step {step}: {cut} questions are left out to keep the page under about "
+                f"{budget_mb} of trajectory text"
+            )
         by_step[step] = shown
         text_size += size
     data.steps = [by_step[s] for s in sorted(by_step)]
