@@ -6,6 +6,9 @@ guard. The loops call its phases in order, so each shows in the loop itself:
 
 * :meth:`Session.forward_backward` per micro-batch, merging the trainer's metrics;
 * :meth:`Session.optim_step`, the step's one optimizer step (none when nothing trains);
+  :meth:`Session.update` is both, every call submitted before the first result is
+  awaited (:mod:`retool.training.pipelining`: one round trip per update on a
+  remote service, not one per micro-batch);
 * :meth:`Session.checkpoint_if_due`: state and sampler directories, each
   renamed into place when complete;
 * :meth:`Session.commit`: the step's rollouts file and metrics line, the commit point;
@@ -41,10 +44,18 @@ from retool.training.faults import crash_point
 from retool.training.metrics import merge_trainer_metrics
 from retool.training.numerics import open_service, record_numerics, sampler_numerics
 from retool.training.packing import pack_micro_batches, padded_area
+from retool.training.pipelining import submit_update
 from retool.training.provenance import RunInputs, recorded_init_from
 from retool.training.run_dir import RunDirectory, resolve_checkpoint
 from retool.training.updates import merge_update_metrics
-from retool.types import AdamParams, SamplingClient, ServiceClient, TrainingClient
+from retool.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    SamplingClient,
+    ServiceClient,
+    TrainingClient,
+)
 
 Summary = Callable[[int, int, dict[str, float]], str]
 
@@ -145,6 +156,26 @@ def emergency_checkpoint(
             except Exception as exc:  # the original error matters more
                 run.log(f"could not save an emergency checkpoint: {exc}")
         raise
+
+
+def _datums(micro_batches: list[list[TrainingDatum]]) -> list[list[Datum]]:
+    return [[d.datum for d in micro_batch] for micro_batch in micro_batches]
+
+
+def _update_metrics(
+    micro_batches: list[list[TrainingDatum]], outputs: Sequence[ForwardBackwardOutput]
+) -> dict[str, float]:
+    """An update's ``train/*`` metrics: its counts, and the trainer's merged over its calls."""
+    metrics: dict[str, float] = {
+        "train/datums": float(sum(len(b) for b in micro_batches)),
+        "train/micro_batches": float(len(micro_batches)),
+        "train/tokens": float(sum(d.num_tokens for b in micro_batches for d in b)),
+        "train/padded_tokens": float(padded_area(micro_batches)),
+        "train/update_skipped": float(not micro_batches),
+    }
+    merged = merge_trainer_metrics([out.metrics for out in outputs])
+    metrics.update({f"train/{k}": v for k, v in merged.items()})
+    return metrics
 
 
 class Session:
@@ -268,23 +299,49 @@ class Session:
         loss_config: dict[str, float] | None,
         phases: Phases,
     ) -> dict[str, float]:
-        """``forward_backward`` per micro-batch (gradients accumulate); the update's metrics."""
-        outputs = []
+        """``forward_backward`` per micro-batch (gradients accumulate); the update's metrics.
+
+        Every call is submitted before the first is awaited
+        (:mod:`retool.training.pipelining`); no ``optim_step`` is: the caller's
+        :meth:`optim_step` follows. :meth:`update` submits that one too.
+        """
         with phases("training"):
-            for micro_batch in micro_batches:
-                out = self.trainer.forward_backward(
-                    [d.datum for d in micro_batch], loss, loss_config
-                ).result()
-                outputs.append(out.metrics)
-        metrics: dict[str, float] = {
-            "train/datums": float(sum(len(b) for b in micro_batches)),
-            "train/micro_batches": float(len(micro_batches)),
-            "train/tokens": float(sum(d.num_tokens for b in micro_batches for d in b)),
-            "train/padded_tokens": float(padded_area(micro_batches)),
-            "train/update_skipped": float(not micro_batches),
-        }
-        metrics.update({f"train/{k}": v for k, v in merge_trainer_metrics(outputs).items()})
-        return metrics
+            done = submit_update(self.trainer, _datums(micro_batches), loss, loss_config).result()
+        return _update_metrics(micro_batches, done.forward)
+
+    def update(
+        self,
+        step: int,
+        micro_batches: list[list[TrainingDatum]],
+        loss: str,
+        loss_config: dict[str, float] | None,
+        phases: Phases,
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One whole update: ``forward_backward`` per micro-batch and the ``optim_step``
+        (none when nothing trains), all submitted before the first result is awaited
+        (:mod:`retool.training.pipelining`, which says what a failure then means).
+
+        Returns what :meth:`forward_backward` and :meth:`optim_step` return, in
+        that order. The ``optim_step`` may change the weights before any result
+        is back, so the weights count as ahead of the run directory from its
+        submission: call it inside ``self.guard.critical()``, kept open to the
+        manifest line.
+        """
+        adam = self.adam if micro_batches else None
+        with phases("training"):
+            pending = submit_update(
+                self.trainer, _datums(micro_batches), loss, loss_config, adam, self._weights_ahead
+            )
+            done = pending.result()
+        trained = _update_metrics(micro_batches, done.forward)
+        if done.optim is None:
+            return trained, {}
+        crash_point("optim", step)
+        return trained, {f"optim/{k}": v for k, v in done.optim.metrics.items()}
+
+    def _weights_ahead(self) -> None:
+        """An ``optim_step`` is about to be submitted: no emergency checkpoint from here."""
+        self.state.consistent = False
 
     def optim_step(
         self, step: int, metrics: Mapping[str, float], phases: Phases
@@ -297,7 +354,7 @@ class Session:
         """
         if metrics["train/update_skipped"]:
             return {}
-        self.state.consistent = False
+        self._weights_ahead()
         with phases("training"):
             optim = self.trainer.optim_step(self.adam).result()
         crash_point("optim", step)
@@ -313,8 +370,8 @@ class Session:
         phases: Phases,
     ) -> dict[str, float]:
         """The first update's ``optim_step`` (``first``: its :meth:`forward_backward`
-        metrics), then each further update's micro-batches and ``optim_step``
-        (``train.updates_per_step``, :mod:`retool.training.updates`); the step's metrics.
+        metrics), then each further :meth:`update` (``train.updates_per_step``,
+        :mod:`retool.training.updates`); the step's metrics.
 
         From the first ``optim_step`` to :meth:`commit` the weights are ahead of
         the run directory: call it inside ``self.guard.critical()``, kept open to
@@ -323,8 +380,9 @@ class Session:
         """
         done, optims = [first], [self.optim_step(step, first, phases)]
         for micro_batches in more:
-            done.append(self.forward_backward(micro_batches, loss, loss_config, phases))
-            optims.append(self.optim_step(step, done[-1], phases))
+            trained, optim = self.update(step, micro_batches, loss, loss_config, phases)
+            done.append(trained)
+            optims.append(optim)
         return merge_update_metrics(done, optims)
 
     def checkpoint_if_due(self, step: int, phases: Phases) -> tuple[str, str] | None:
