@@ -22,7 +22,7 @@ from pytrio.protocol.actor.events.tensor import WireTensorData
 from pytrio.protocol.actor.events.trainer.forward import TrainerForwardBackwardPayload
 from pytrio.protocol.actor.sampling_run.sample import SampleRequest
 
-from tests.backends.remote.fakes import Faults, Policy
+from tests.backends.remote.fakes import Faults, Policy, install_transport
 
 API_KEY = "trio-test-key"
 FAR = "2099-01-01T00:00:00Z"
@@ -55,6 +55,7 @@ class FakePytrio:
     sample_requests: list[SampleRequest] = field(default_factory=list)
     optimize_payloads: list[dict] = field(default_factory=list)
     init_payloads: list[dict] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)  # trainer events, in the order they arrived
     seen_keys: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -211,6 +212,7 @@ class FakePytrio:
         return httpx.Response(404, json={"code": "not_found", "message": path})
 
     def event(self, run: Run, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(kind.removeprefix("trainer."))
         if kind == "trainer.init_run":
             self.init_payloads.append(payload)
             return {}
@@ -273,3 +275,26 @@ class FakePytrio:
             "prompt_logprobs": prompt_logprobs if request.return_prompt_logprobs else None,
             "usage": {"input_tokens": len(prompt), "output_tokens": 0},
         }
+
+
+def use_fake_pytrio(monkeypatch, home, tokenizer_dir, delay: float = 0.0) -> FakePytrio:
+    """A fake PyTRIO service, and the SDK logged in to it as `trio login` would
+    (``delay``: see ``install_transport``). The caller turns the SDK's observability
+    off and back on (``pytrio.configure_observability``)."""
+    import sys
+
+    from pytrio.config.config import auth_state, configuration
+
+    fake = FakePytrio(model_id=str(tokenizer_dir))
+    install_transport(monkeypatch, fake, delay)
+    monkeypatch.setattr(auth_state, "api_key", API_KEY)
+    monkeypatch.setattr(auth_state, "config_error", None)
+    monkeypatch.setattr(configuration, "home", str(home))
+    monkeypatch.setattr(configuration, "retry_initial_delay_seconds", 0.01)
+    monkeypatch.setattr(configuration, "retry_jitter_ratio", 0.0)
+    monkeypatch.setattr(configuration, "log_level", "ERROR")
+    monkeypatch.delenv("PYTRIO_API_KEY", raising=False)
+    # The SDK loads tokenizers with ModelScope when it can and falls back to
+    # transformers (pytrio/model/tokenizer.py); importing ModelScope takes seconds.
+    monkeypatch.setitem(sys.modules, "modelscope", None)
+    return fake

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from tests.backends.remote.fakes import Faults, Policy
+from tests.backends.remote.fakes import Faults, Policy, install_transport
 
 API_KEY = "tml-test-key"
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -50,6 +50,7 @@ class FakeTinker:
     gradients: list[np.ndarray] = field(default_factory=list)
     sample_requests: list[dict] = field(default_factory=list)
     optim_requests: list[dict] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)  # training requests, in the order they arrived
     seen_keys: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
     counter: Any = field(default_factory=itertools.count)
@@ -155,6 +156,7 @@ class FakeTinker:
         request = pb.ForwardBackwardRequest()
         request.ParseFromString(content)
         self.forward_requests.append(request)
+        self.calls.append("forward_backward" if not request.forward_only else "forward")
         config = dict(request.loss_fn_config)
         total, grads, outputs = 0.0, [], []
         for datum in request.data:
@@ -192,6 +194,7 @@ class FakeTinker:
 
     def on_optim_step(self, body: dict) -> httpx.Response:
         self.optim_requests.append(body)
+        self.calls.append("optim_step")
         model = self.models[body["model_id"]]
         model.optimizer_steps += 1
         return self.future(
@@ -240,3 +243,21 @@ class FakeTinker:
             message.prompt_logprobs = values.tobytes()
         ids = [f"seq{i}" for i in range(len(samples))]
         return self.future("proto", message.SerializeToString(), sample_sequence_ids=ids)
+
+
+def use_fake_tinker(monkeypatch, home, tokenizer_dir, delay: float = 0.0) -> FakeTinker:
+    """A fake Tinker service, and TINKER_API_KEY set for it (``delay``: ``install_transport``)."""
+    fake = FakeTinker(base_model=str(tokenizer_dir))
+    install_transport(monkeypatch, fake, delay)
+    monkeypatch.setenv("TINKER_API_KEY", API_KEY)
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("TINKER_CREDENTIAL_CMD", raising=False)
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+    # `tinker.RestClient()` shares one session-less holder per process (tinker/lib/
+    # internal_client_holder.py: sessionless_holder_cache); each fake needs its own.
+    from tinker.lib.internal_client_holder import sessionless_holder_cache
+
+    monkeypatch.setattr(sessionless_holder_cache, "_holders", {})
+    return fake

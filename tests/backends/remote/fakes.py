@@ -12,6 +12,7 @@ vary and some fall outside the clip range.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -47,13 +48,17 @@ def make_tokenizer_dir(root: Path) -> Path:
     return path
 
 
-def install_transport(monkeypatch, handler: Callable[[httpx.Request], httpx.Response]) -> None:
+def install_transport(
+    monkeypatch, handler: Callable[[httpx.Request], httpx.Response], delay: float = 0.0
+) -> None:
     """Route every ``httpx.AsyncClient`` created from now on to ``handler``.
 
     Clients keep the transport they were built with, so SDK requests made
-    after the test (finalizers, heartbeats) still reach the fake.
+    after the test (finalizers, heartbeats) still reach the fake. ``delay``:
+    seconds each exchange takes on the wire, half before the fake answers and
+    half after (``bench/remote_pipeline.py``), without blocking the SDK's loop.
     """
-    transport = httpx.MockTransport(handler)
+    transport = httpx.MockTransport(handler if delay <= 0 else _delayed(handler, delay))
     original = httpx.AsyncClient.__init__
 
     def init(self, *args, **kwargs):
@@ -63,6 +68,16 @@ def install_transport(monkeypatch, handler: Callable[[httpx.Request], httpx.Resp
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(httpx.AsyncClient, "__init__", init)
+
+
+def _delayed(handler: Callable[[httpx.Request], httpx.Response], delay: float):
+    async def exchange(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(delay / 2)
+        response = handler(request)
+        await asyncio.sleep(delay / 2)
+        return response
+
+    return exchange
 
 
 class Faults:
