@@ -138,7 +138,7 @@ def test_snapshot_reuses_a_closed_clients_model_with_the_current_weights(service
     train_step()
     second = trainer.save_weights_and_get_sampling_client()
     assert second.engine.model is reused  # refreshed in place, not copied
-    expected = trainer._snapshot_model().state_dict()  # deepcopy + PEFT merge_and_unload
+    expected = trainer.snapshots.copy().state_dict()  # deepcopy + PEFT merge_and_unload
     got = second.engine.model.state_dict()
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
@@ -191,7 +191,7 @@ def test_shared_prefix_equals_the_plain_computation(service):
 
 
 def test_shared_prefix_length():
-    from retool.backends.local.training import shared_prefix_length
+    from retool.backends.local.forward import shared_prefix_length
 
     ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 9, 9], [1, 2, 3, 4, 5]])
     assert shared_prefix_length(ids, [4, 5, 5]) == 3

@@ -82,7 +82,7 @@ def test_a_write_that_fails_with_no_file_name_names_the_file():
 def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path):
     from safetensors import SafetensorError
 
-    from retool.backends.local.training import atomic_directory
+    from retool.backends.local.checkpoints import atomic_directory
     from retool.errors import BackendError
 
     final = tmp_path / "state" / "step_000002"

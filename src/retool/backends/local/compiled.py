@@ -15,7 +15,7 @@ final norm: modules whose forward takes only the hidden states. One compiled
 function per module class, with dynamic shapes, serves every layer, batch and
 length (the parameters are graph inputs), so a process compiles each class a
 few times in all (size-1 rows are a graph of their own) and never per step.
-Attention is left eager: on the shared-prefix path (``training.py``) its
+Attention is left eager: on the shared-prefix path (``forward.py``) its
 forward receives the KV cache, whose per-layer guards recompiled once per
 layer until dynamo's limit of 8 (measured 2026-12-03), after which the rest
 ran uncompiled anyway.
@@ -37,12 +37,12 @@ it buys 1.1x for seconds of compile in every process. ``on``: compile
 whatever the dtype (an error at start when no compiler is found). ``off``.
 
 Safety. The compiled functions are built and run once at trainer start
-(:func:`warm_up`, forward and backward, under the trainer's autocast), so a
-compiler that fails does so before any step: the trainer then warns, runs
-those modules eagerly (the same values) and records why. A later graph (a
-shape class the warm-up did not meet) that fails to compile in the forward
-pass falls back the same way for that call and every later one; a failure
-while compiling a backward pass is not caught (none has been seen).
+(:func:`prepare`: :func:`warm_up`, forward and backward, under the trainer's
+autocast), so a compiler that fails does so before any step: the trainer
+then warns, runs those modules eagerly (the same values) and records why. A
+later graph (a shape class the warm-up did not meet) that fails to compile in
+the forward pass falls back the same way for that call and every later one; a
+failure while compiling a backward pass is not caught (none has been seen).
 Sampling snapshots (deep copies of the trainer's model) drop the patch
 (:func:`strip`): the sampler keeps its own eager decode path.
 """
@@ -55,7 +55,7 @@ import types
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -211,3 +211,19 @@ def warm_up(
         for param in model.parameters():
             param.grad = None
     return _FAILED[0] if _FAILED else None
+
+
+def prepare(
+    model: Any,
+    choice: CompileChoice,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    device: torch.device,
+) -> CompileChoice:
+    """When ``choice`` is on: :func:`patch` ``model`` (the trainer's causal LM) and
+    :func:`warm_up` it; the choice that holds afterwards (off, with the compiler's
+    failure as the reason, when the warm-up failed). Run it on a compute thread."""
+    if not choice.enabled:
+        return choice
+    patch(model)
+    failed = warm_up(model, autocast, device)
+    return replace(choice, enabled=False, reason=failed) if failed else choice

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import os
 import queue
 import threading
@@ -73,6 +72,7 @@ from retool.backends.local.kv import (
     PrefixCache,
     PrefixStats,
     cache_kv,
+    cache_kwarg,
     make_cache,
     make_cache_empty,
 )
@@ -156,9 +156,7 @@ class SamplingEngine:
         self._positions: list[int] = []  # next position id of each slot
         self._closed = False
         self._run_lock = threading.Lock()  # held while admitting and stepping
-        # transformers 5 renamed ``past_key_values`` to ``cache``; accept both.
-        params = inspect.signature(type(model).forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)  # the forward's name for its KV cache
         # The lean decode step for Llama models (None: HF's forward decodes).
         self.decoder = lean_decoder_for(model) if lean_decode else None
         self.steps = 0  # decode steps run

@@ -33,6 +33,7 @@ only prefills its new tokens. It is an LRU bounded in bytes and counts hits.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -474,6 +475,13 @@ def _pair_runs(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
         else:
             runs.append((old, old + 1, new))
     return runs
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword ``model.forward`` takes its cache by: transformers 5 renamed
+    ``past_key_values`` to ``cache``; accept both."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def make_cache_empty() -> DynamicCache:

@@ -59,6 +59,12 @@ import torch
 from retool.errors import BackendError
 
 LOSS_NAMES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+REQUIRED_INPUTS = {  # the loss_fn_inputs each loss reads (SAMPLER_LOGPROBS is optional)
+    "cross_entropy": ("target_tokens", "weights"),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+}
 DEFAULT_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 SAMPLER_LOGPROBS = "sampler_logprobs"  # optional loss input: the sampler's, when π_old is not
 CORRECTIONS = {"none": 0, "tis": 1, "mis": 2}  # loss_fn_config["rollout_correction"] codes

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from retool.backends.local.allocator import release_large_blocks_to_os
+from retool.backends.local.checkpoints import read_state_meta
 from retool.backends.local.compiled import REQUESTS as COMPILE_REQUESTS
 from retool.backends.local.compiled import CompileChoice, resolve_compile
 from retool.backends.local.dtype import (
@@ -31,7 +32,6 @@ from retool.backends.local.training import (
     DEFAULT_TARGET_MODULES,
     LocalTrainingClient,
     LoraSpec,
-    read_state_meta,
 )
 from retool.errors import BackendError, ConfigError
 
