@@ -36,6 +36,14 @@ class StalePolicyError(BackendError):
     """A sample came from other weights than the step's policy (a weight sync did not apply)."""
 
 
+class SamplerDeadError(StalePolicyError):
+    """The sampler failed for good (its engine stopped; the model does not run on it).
+
+    No retry can succeed, so none is made: a :class:`StalePolicyError`, the class the
+    rollout never retries (neither sampler can give the step's policy's samples again).
+    """
+
+
 class ServiceError(RetoolError):
     """A service the run depends on (sampler, sandbox) kept failing after every retry."""
 

@@ -162,13 +162,19 @@ def parse_endpoint(url: str, field: str = "sandbox.url") -> Endpoint:
             "(for example http://localhost:8080)"
         )
     url = url.strip()
-    parts = urlsplit(url)
+    try:  # urlsplit raises on http://[::1/ or http://[zz]:80, .port on a bad port
+        parts = urlsplit(url)
+        parts.hostname  # noqa: B018 - checks a [bracketed] host
+    except ValueError as exc:
+        raise ConfigError(f"{field} is not a valid URL ({exc}): {url!r}") from None
     if parts.scheme not in ("http", "https"):
         raise ConfigError(f"{field} must be an http:// or https:// URL, got {url!r}")
     try:
         port = parts.port
     except ValueError:
         raise ConfigError(f"{field} has an invalid port: {url!r}") from None
+    if port == 0:
+        raise ConfigError(f"{field} has an invalid port: {url!r}")
     if not parts.hostname:
         raise ConfigError(f"{field} must name a host, got {url!r}")
     if parts.username is not None or parts.password is not None:

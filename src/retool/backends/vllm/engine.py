@@ -27,6 +27,21 @@ refuses a sequence whose version is not the one expected
 (:class:`~retool.errors.StalePolicyError`), so a sync that silently did not
 apply ends the run at its first step instead of training on the initial
 policy's samples.
+
+**A failed engine is permanent.** An engine step that raises (vLLM's CPU
+kernels refuse a model's head size at its first forward, an out-of-memory, a
+bug) leaves the engine unusable for the rest of the process: nothing restarts
+it. So that failure, and every later request, is a
+:class:`~retool.errors.SamplerDeadError` (a ``StalePolicyError``: the rollout
+never retries it) with what vLLM said and what to do: the run stops in one
+line at once instead of retrying every sample against a dead engine and
+suggesting ``--resume`` "once the service works again". A request vLLM
+refuses alone (too long, bad parameters) stays a ``BackendError``.
+
+Nothing is left half-written: the exported model directory is written under
+a temporary name and renamed (:func:`~retool.backends.vllm.sync.export_model`),
+an engine that does not start removes its work directory, and an adapter the
+engine did not load is deleted (:func:`~retool.backends.vllm.sync.remove_adapter`).
 """
 
 from __future__ import annotations
@@ -53,8 +68,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from retool.backends.vllm.convert import completion_sequence, prompt_logprobs, request_fields
-from retool.backends.vllm.sync import export_model, iter_weights, lora_rank_slot
-from retool.errors import BackendError, DependencyError
+from retool.backends.vllm.sync import (
+    export_model,
+    iter_weights,
+    lora_rank_slot,
+    remove_adapter,
+    remove_empty_dir,
+)
+from retool.errors import BackendError, DependencyError, SamplerDeadError
 from retool.types import Future, ModelInput, SampleResponse, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -188,8 +209,9 @@ class VllmEngine:
             with _process_state_kept():  # an in-process engine changes both
                 self.llm = self.vllm.LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; say which model and why
-            why = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise BackendError(f"vllm: the engine did not start for {model_dir}: {why}") from exc
+            raise BackendError(
+                f"vllm: the engine did not start for {model_dir} ({_why(exc)}); {_hint(exc)}"
+            ) from exc
         self.startup_s = time.monotonic() - started
         self.engine = self.llm.llm_engine
         self._ids = itertools.count()
@@ -228,9 +250,9 @@ class VllmEngine:
 
     def _refuse_if_closed(self) -> None:
         if self._dead is not None:
-            raise BackendError(f"vllm: the engine stopped after an error: {self._dead}")
+            raise dead_engine(self._dead)
         if self._closed:
-            raise BackendError("vllm: the engine is closed")
+            raise SamplerDeadError("vllm: the engine is closed")
 
     def _loop(self) -> None:
         while True:
@@ -276,7 +298,8 @@ class VllmEngine:
                     done.set_result(output)
 
     def _die(self, exc: BaseException) -> None:
-        log.error("the vLLM engine failed: %s", exc)
+        # the error reaches the user through every pending request: no line of its own
+        log.debug("the vLLM engine failed: %s", exc, exc_info=exc)
         with self._cond:
             self._dead = exc
             pending = list(self._active.values()) + [item[-1] for item in self._incoming]
@@ -284,10 +307,9 @@ class VllmEngine:
             self._active.clear()
             self._incoming.clear()
             self._calls.clear()
-        error = BackendError(f"vllm: the engine failed: {type(exc).__name__}: {exc}")
         for future in pending:
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(dead_engine(exc))
 
     def close(self) -> None:
         """Stop the thread, fail what is still queued, release the engine (idempotent)."""
@@ -301,7 +323,7 @@ class VllmEngine:
         self._thread.join(timeout=60)
         for future in pending:
             if not future.done():
-                future.set_exception(BackendError("vllm: the engine was closed"))
+                future.set_exception(SamplerDeadError("vllm: the engine was closed"))
         core = getattr(self.engine, "engine_core", None)
         shutdown = getattr(core, "shutdown", None)
         if shutdown is not None:
@@ -310,6 +332,40 @@ class VllmEngine:
             except Exception as exc:  # closing must not hide the run's own outcome
                 log.warning("vllm: engine shutdown failed: %s", exc)
         self.llm = self.engine = None
+
+
+MAX_WHY_CHARS = 300  # of vLLM's own message kept in ours
+
+
+def _why(exc: BaseException) -> str:
+    """``exc`` as one line of at most :data:`MAX_WHY_CHARS` characters, its type first."""
+    text = " ".join(str(exc).split())
+    if len(text) > MAX_WHY_CHARS:
+        text = text[:MAX_WHY_CHARS] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do: said for the failure a user meets most (a model vLLM's CPU kernels
+    refuse at its first forward), in general otherwise."""
+    text = str(exc).lower()
+    if "head_dim" in text or "head size" in text or "head_size" in text:
+        return (
+            "the model's attention heads are narrower than vLLM's CPU kernels accept (32 "
+            "dimensions or more; tiny-random's are 16): sample it with "
+            'sampler.engine = "local", or use another model'
+        )
+    return (
+        "a retry cannot help: fix the model or the [sampler] settings, or sample with "
+        'sampler.engine = "local"'
+    )
+
+
+def dead_engine(exc: BaseException) -> SamplerDeadError:
+    """The error of every request to an engine whose step raised ``exc``: permanent."""
+    return SamplerDeadError(
+        f"vllm: the engine failed and cannot sample any more ({_why(exc)}); {_hint(exc)}"
+    )
 
 
 class VllmSamplingClient:
@@ -432,8 +488,6 @@ class VllmPolicySampler:
         self.trainer = trainer
         self.sync_mode = sync
         self.tokenizer = trainer.get_tokenizer()
-        Path(work_dir).mkdir(parents=True, exist_ok=True)
-        self.work_dir = Path(tempfile.mkdtemp(dir=work_dir, prefix="vllm-"))
         lora = getattr(trainer, "lora", None)
         if sync == "lora":
             if lora is None:
@@ -443,13 +497,22 @@ class VllmPolicySampler:
         self.sync_seconds: list[float] = []  # per sync, for the README figures and the bench
         self._lora_request: Any = None
         self._lora_dir: Path | None = None
-        base = export_model(
-            trainer.model, self.tokenizer, self.work_dir / "model", merged=sync == "merged"
-        )
-        self.engine = VllmEngine(base, options)
-        if sync == "merged":  # the exported weights are the trainer's now
-            self.engine.call(lambda llm: llm.llm_engine.set_weight_version(self.current_version()))
-            self.synced_step = self.trainer_step()
+        self._work_root = Path(work_dir)  # the run's checkpoints/vllm: removed when left empty
+        self.work_dir: Path | None = None  # this engine's exported model, under _work_root
+        try:
+            self._work_root.mkdir(parents=True, exist_ok=True)
+            self.work_dir = Path(tempfile.mkdtemp(dir=self._work_root, prefix="vllm-"))
+            base = export_model(
+                trainer.model, self.tokenizer, self.work_dir / "model", merged=sync == "merged"
+            )
+            self.engine: VllmEngine = VllmEngine(base, options)
+            if sync == "merged":  # the exported weights are the trainer's now
+                version = self.current_version()
+                self.engine.call(lambda llm: llm.llm_engine.set_weight_version(version))
+                self.synced_step = self.trainer_step()
+        except BaseException:  # an engine that did not start leaves nothing behind
+            self.close()
+            raise
 
     def trainer_step(self) -> int:
         return int(getattr(self.trainer, "steps", 0))
@@ -489,27 +552,42 @@ class VllmPolicySampler:
         self.engine.call(apply)
 
     def publish_lora(self, step: int) -> None:
-        """The trainer's adapter as ``LoRARequest("policy-step-N")``; the previous one dropped."""
+        """The trainer's adapter as ``LoRARequest("policy-step-N")``; the previous one dropped.
+
+        All or nothing: an adapter the engine did not load is deleted again (the
+        trainer saved it under a temporary name and renamed it, so it is never partial).
+        """
         version = policy_version(step)
         name = f"vllm_policy_step_{step:06d}"
         path = Path(self.trainer.save_weights_for_sampler(name).result().path)
-        lora_request_type = importlib.import_module("vllm.lora.request").LoRARequest
-        request = lora_request_type(version, step + 1, str(path))
         old, old_dir = self._lora_request, self._lora_dir
+        try:
+            lora_request_type = importlib.import_module("vllm.lora.request").LoRARequest
+            request = lora_request_type(version, step + 1, str(path))
 
-        def apply(llm: Any) -> None:
-            if old is not None:
-                llm.llm_engine.remove_lora(old.lora_int_id)
-            if not llm.llm_engine.add_lora(request):
-                raise BackendError(f"vllm: the engine did not load the adapter {path}")
+            def apply(llm: Any) -> None:
+                if old is not None:
+                    llm.llm_engine.remove_lora(old.lora_int_id)
+                if not llm.llm_engine.add_lora(request):
+                    raise BackendError(f"vllm: the engine did not load the adapter {path}")
 
-        self.engine.call(apply)
+            self.engine.call(apply)
+        except BaseException:
+            if path != old_dir:
+                remove_adapter(path)
+            raise
         self._lora_request, self._lora_dir = request, path
-        if old_dir is not None:
-            shutil.rmtree(old_dir, ignore_errors=True)
+        if old_dir is not None and old_dir != path:
+            remove_adapter(old_dir)
 
     def close(self) -> None:
-        self.engine.close()
+        """End the engine; delete the exported model and the last adapter (idempotent)."""
+        engine = getattr(self, "engine", None)  # None: __init__ failed before it started
+        if engine is not None:
+            engine.close()
         if self._lora_dir is not None:
-            shutil.rmtree(self._lora_dir, ignore_errors=True)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+            remove_adapter(self._lora_dir)
+            self._lora_dir = None
+        if self.work_dir is not None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+        remove_empty_dir(self._work_root)

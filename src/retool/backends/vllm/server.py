@@ -64,8 +64,8 @@ import itertools
 import json
 import logging
 import os
+import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -80,6 +80,7 @@ from urllib.parse import urlsplit
 
 from retool.backends.vllm.convert import request_fields, sequence
 from retool.backends.vllm.engine import chunked_prefill_safe
+from retool.backends.vllm.sync import remove_adapter
 from retool.errors import BackendError, ConfigError
 from retool.types import Future, ModelInput, SampleResponse, SamplingParams
 
@@ -105,23 +106,53 @@ class Endpoint:
     tls: bool  # https
     prefix: str  # path before /v1 ("" for a server at the root)
 
+    def __str__(self) -> str:
+        """The URL as configured: what every message names (never the dataclass repr)."""
+        return self.url
+
     @classmethod
     def parse(cls, url: str) -> Endpoint:
-        """``http(s)://host[:port][/prefix][/v1]`` -> an endpoint (``/v1`` is implied)."""
-        parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        """``http(s)://host[:port][/prefix][/v1]`` -> an endpoint (``/v1`` is implied).
+
+        Every way the text can be wrong is a :class:`ConfigError` naming
+        ``sampler.urls`` and the URL: ``urlsplit`` itself raises ``ValueError`` on
+        an unclosed IPv6 bracket or a bracketed host that is no address
+        (``http://[::1/``, ``http://[zz]:8000``), ``.port`` on a port that is no
+        number or out of range.
+        """
+        text = url.strip() if isinstance(url, str) else ""
+        try:
+            parts = urlsplit(text)
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:
+            why = " ".join(str(exc).split()) or "not a URL"
+            raise ConfigError(
+                f"sampler.urls: {url!r} is not a valid URL ({why}); give the http(s) URL of "
+                "vllm serve (e.g. http://127.0.0.1:8000 or http://[::1]:8000)"
+            ) from None
+        if parts.scheme not in ("http", "https") or not host:
             raise ConfigError(
                 f"sampler.urls: {url!r} is not an http(s) URL of vllm serve "
                 "(e.g. http://127.0.0.1:8000)"
             )
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise ConfigError(f"sampler.urls: {url!r} has an invalid port") from None
+        if port == 0:
+            raise ConfigError(f"sampler.urls: {url!r} has an invalid port (0)")
+        if parts.username is not None or parts.password is not None:
+            raise ConfigError(
+                f"sampler.urls: {_without_credentials(text)!r} must not contain credentials "
+                "(user:password@): they would not be sent, and every error message would "
+                "show them"
+            )
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):
             prefix = prefix[: -len("/v1")]
-        return cls(url.strip().rstrip("/"), parts.hostname, port, parts.scheme == "https", prefix)
+        https = parts.scheme == "https"
+        return cls(text.rstrip("/"), host, port or (443 if https else 80), https, prefix)
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` with its ``user:password@`` replaced by ``***@`` (for a message)."""
+    return re.sub(r"(?<=://)[^/@]*@", "***@", url, count=1)
 
 
 class _Unreachable(Exception):
@@ -360,8 +391,13 @@ class VllmServers:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
         try:
             self.request_each("/v1/load_lora_adapter", body)
-        except BackendError as exc:
-            if "HTTP 404" in str(exc) and "load_lora_adapter" in str(exc):
+        except BaseException as exc:
+            # all or nothing: the servers that did load it (those before the failing one)
+            # unload it again, or they would serve a name this object never retires
+            if name not in self.published:
+                self.retire(name)
+            text = str(exc) if isinstance(exc, BackendError) else ""
+            if "HTTP 404" in text and "load_lora_adapter" in text:
                 raise BackendError(
                     f"{BACKEND}: the server refuses runtime adapters (no /v1/load_lora_adapter): "
                     "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora "
@@ -381,8 +417,13 @@ class VllmServers:
                 status, payload = pool.exchange(
                     "POST", "/v1/unload_lora_adapter", {"lora_name": name}, self.timeout
                 )
-            except (_Unreachable, BackendError) as exc:
-                log.warning("%s: could not unload %s at %s: %s", BACKEND, name, pool.endpoint, exc)
+            except _Unreachable as exc:
+                # a server that is gone holds no adapter: nothing to say on the console
+                log.debug("%s: could not unload %s at %s: %s", BACKEND, name, pool.endpoint, exc)
+                continue
+            except BackendError as exc:
+                why = str(exc).removeprefix(f"{BACKEND}: ")
+                log.warning("%s: could not unload %s: %s", BACKEND, name, why)
                 continue
             if status not in (200, 404):
                 log.warning(
@@ -645,19 +686,31 @@ class ServerPolicySampler:
         )
 
     def publish(self, step: int) -> None:
-        """Save the trainer's adapter; load it on every server as ``policy-step-<step>.<tag>``."""
+        """Save the trainer's adapter; load it on every server as ``policy-step-<step>.<tag>``.
+
+        All or nothing: the trainer writes the adapter under a temporary name and
+        renames it (never a partial directory), and one that a server refused (or
+        an interrupt during the load) is unloaded and deleted again, so a run that
+        fails here leaves no ``vllm_server_policy_step_N`` behind.
+        """
         saved = self.trainer.save_weights_for_sampler(f"vllm_server_policy_step_{step:06d}")
         path = Path(saved.result().path)
-        self.servers.publish(policy_name(step, self.run_tag), path)
+        try:
+            self.servers.publish(policy_name(step, self.run_tag), path)
+        except BaseException:
+            if path != self._adapter_dir:
+                remove_adapter(path)
+            raise
         old, self._adapter_dir = self._adapter_dir, path
         if old is not None and old != path:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_adapter(old)
 
     def close(self) -> None:
         """Unload the run's adapters from the servers and delete the last one's directory."""
         self.servers.close()
         if self._adapter_dir is not None:
-            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            remove_adapter(self._adapter_dir)
+            self._adapter_dir = None
 
 
 def open_server_sampler(config: Any, trainer: Any) -> ServerPolicySampler:

@@ -18,14 +18,28 @@ LM's config, tokenizer and safetensors, the adapters left out (``lora``) or
 merged in (``merged``). That is also what makes ``tiny-random`` (weights drawn
 from a seed, never on disk) and GGUF models (dequantised by transformers)
 loadable by vLLM, which reads neither.
+
+Nothing this module writes is ever half there: :func:`export_model` writes
+into a temporary sibling and renames it into place (a failure, a full disk or
+an interrupt removes it), and :func:`remove_adapter` deletes a published
+adapter together with the ``checkpoints/sampler`` directory when that is left
+empty, so a run that fails before its first step leaves only the skeleton the
+CLI removes (``run_dir_rollback``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from retool.data.files import write_failure
+from retool.errors import BackendError
 
 LORA_MARK = ".lora_"  # PEFT adapter parameters: never sent to the engine
 
@@ -73,23 +87,61 @@ def iter_weights(model: Any, merged: bool, dtype: Any = None) -> Iterator[tuple[
 
 
 def export_model(model: Any, tokenizer: Any, target: Path, merged: bool, dtype: Any = None) -> Path:
-    """Write an HF model directory vLLM can start from (config, tokenizer, safetensors)."""
+    """Write an HF model directory vLLM can start from (config, tokenizer, safetensors).
+
+    All or nothing: the files go to a temporary sibling renamed to ``target``
+    at the end (replacing a previous export); a failure removes it and raises
+    :class:`BackendError` naming ``target`` when the disk refused a write.
+    """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     lm = causal_lm(model)
-    target.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.cpu() for name, tensor in iter_weights(model, merged, dtype)}
-    save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
-    config = lm.config.to_dict()
-    if dtype is not None:
-        config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    config.pop("quantization_config", None)
-    (target / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    generation = getattr(lm, "generation_config", None)
-    if generation is not None:
-        generation.save_pretrained(target)
-    tokenizer.save_pretrained(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    except OSError as exc:
+        raise BackendError(write_failure(target, "vLLM's model export", exc)) from None
+    try:
+        state = {name: tensor.cpu() for name, tensor in iter_weights(model, merged, dtype)}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del state
+        config = lm.config.to_dict()
+        if dtype is not None:
+            config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        generation = getattr(lm, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    except (OSError, SafetensorError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BackendError(write_failure(target, "vLLM's model export", exc)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return target
+
+
+def remove_empty_dir(path: Path) -> None:
+    """Remove ``path`` if it is an empty directory (a run's ``checkpoints/vllm``)."""
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+def remove_adapter(path: Path) -> None:
+    """Delete an adapter directory saved for a sampler, and its parent if left empty.
+
+    The parent is the trainer's ``checkpoints/sampler``: kept while it holds a
+    sampler checkpoint (or the next adapter), removed when this was the last
+    entry, so a run that stops before its first step holds only its skeleton.
+    """
+    shutil.rmtree(path, ignore_errors=True)
+    remove_empty_dir(path.parent)
 
 
 def lora_rank_slot(rank: int) -> int:
