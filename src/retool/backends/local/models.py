@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.data.files import write_atomic
 from retool.errors import BackendError, ConfigError, DependencyError
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
@@ -134,11 +135,10 @@ def file_digest(path: Path) -> str:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """``text`` into ``path`` (its directory created) through the project's one atomic
+    write, :func:`retool.data.files.write_atomic`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text.encode())
 
 
 def cached_dir(kind: str, source: ModelSource, build: Any) -> Path:
