@@ -309,6 +309,30 @@ def test_a_check_whose_worker_dies_scores_minus_one_and_is_counted(smol_tokenize
     assert result.metrics()["rollout/reward_failures"] == 1.0
 
 
+def test_a_built_in_reward_that_raises_on_one_answer_scores_it_minus_one(
+    smol_tokenizer, checker, monkeypatch
+):
+    """Any exception of the built-in reward on one answer (a bug the text found) is that
+    answer's -1, counted; a custom scorer's exception still stops the batch
+    (test_scheduler), since a custom reward is configuration."""
+    from retool.rollout import scheduler
+
+    original = scheduler.score_answer
+
+    def fragile(text, *args):
+        if TAG in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return original(text, *args)
+
+    monkeypatch.setattr(scheduler, "score_answer", fragile)
+    result = rollout(smol_tokenizer, lambda call: f"{TAG} \\boxed{{1024}}", checker=checker)
+    trajectory = attacked(result, baseline(smol_tokenizer, checker))
+    assert trajectory.stop_reason == StopReason.ANSWER and not trajectory.excluded
+    assert (trajectory.reward, trajectory.correct) == (-1.0, False)
+    assert trajectory.error.startswith("reward: RecursionError")
+    assert result.counters.reward_failures == 1
+
+
 # -- characters that split lines, hide text or cannot be encoded ---------------------------
 WEIRD = "a\u2028b\u2029c\x85d\u202ee\x9b[31mf\u200fg\ufeffh"
 
