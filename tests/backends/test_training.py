@@ -190,16 +190,6 @@ def test_shared_prefix_equals_the_plain_computation(service):
     trainer.share_prefix = True
 
 
-def test_shared_prefix_length():
-    from retool.backends.local.forward import shared_prefix_length
-
-    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 9, 9], [1, 2, 3, 4, 5]])
-    assert shared_prefix_length(ids, [4, 5, 5]) == 3
-    assert shared_prefix_length(ids[[0, 2]], [4, 5]) == 4  # the shorter row's whole length
-    assert shared_prefix_length(ids[[2, 2]], [5, 5]) == 4  # identical rows: one token left
-    assert shared_prefix_length(ids[:1], [4]) == 0
-
-
 def test_save_and_restore_is_exact(service):
     original = service.create_lora_training_client("tiny-random", rank=4, seed=0)
     for _ in range(2):
