@@ -142,7 +142,7 @@ def read_trainable(root: Path) -> dict[str, torch.Tensor]:
 
     try:
         return load_file(str(root / TRAINABLE_FILE))
-    except SafetensorError as exc:  # truncated or overwritten
+    except (SafetensorError, OSError) as exc:  # truncated, overwritten or missing
         raise BackendError(
             f"{root / TRAINABLE_FILE}: damaged weights file ({str(exc)[:120]}); "
             "resume from an earlier checkpoint (remove this one's line from "
@@ -158,7 +158,8 @@ def read_training_state(root: Path) -> dict[str, Any]:
         state: dict[str, Any] = torch.load(
             root / TRAINING_STATE_FILE, weights_only=False, map_location="cpu"
         )
-    except (RuntimeError, EOFError, ValueError) as exc:  # truncated: torch's own words
+    # truncated or missing: torch's own words (EINVAL, with no file name, for some cuts)
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
         raise BackendError(
             f"{root / TRAINING_STATE_FILE}: damaged optimizer state ({str(exc)[:120]}); resume "
             "from an earlier checkpoint or start a new run"
