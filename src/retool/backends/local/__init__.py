@@ -2,7 +2,8 @@
 
 ``LocalServiceClient`` is the entry point; see ``service.py``. The sampler is a
 continuous-batching KV-cache engine (``engine.py``), the trainer computes the
-built-in losses (``losses.py``) on chunked logprobs (``training.py``).
+built-in losses (``losses.py``) on chunked logprobs (``training.py``, its forward
+pass in ``forward.py``).
 """
 
 from retool.backends.local.models import ALIASES, load_model, load_tokenizer, resolve_model
