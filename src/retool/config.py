@@ -38,8 +38,14 @@ from retool.data.files import read_text
 from retool.data.longints import toml_loads
 from retool.errors import ConfigError
 from retool.protocol import PROTOCOL_NAMES
-from retool.sandbox.fusion import MAX_REQUEST_RETRIES, parse_endpoint
-from retool.sandbox.limits import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, MAX_WORKERS, MEMORY_MB_RANGE
+from retool.sandbox.fusion_endpoint import parse_endpoint
+from retool.sandbox.limits import (
+    MAX_OUTPUT_BYTES,
+    MAX_REQUEST_RETRIES,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    MEMORY_MB_RANGE,
+)
 
 C = TypeVar("C")
 

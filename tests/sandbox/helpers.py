@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from retool.sandbox.local import _RUNTIME_MODULES
+from retool.sandbox.runtime_copy import RUNTIME_MODULES
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ RETOOL = os.path.join(os.path.dirname(sys.executable), "retool")  # the CLI of t
 INTERNALS = (
     "retool_sandbox_rt",
     "sandbox setup failed",
-    *(f"{name}.py" for name in _RUNTIME_MODULES),
+    *(f"{name}.py" for name in RUNTIME_MODULES),
 )
 
 

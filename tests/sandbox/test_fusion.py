@@ -36,16 +36,18 @@ from retool.sandbox import (
     ErrorKind,
     FusionSandbox,
     format_tool_content,
+    fusion_http,
     open_sandbox,
 )
-from retool.sandbox import fusion as fusion_module
-from retool.sandbox.fusion import (
-    _RUNTIME_SOURCE,
+from retool.sandbox.fusion_endpoint import parse_endpoint
+from retool.sandbox.fusion_program import RUNTIME_SOURCE, remote_program
+from retool.sandbox.limits import (
+    MAX_OUTPUT_BYTES,
     MAX_REQUEST_RETRIES,
-    parse_endpoint,
-    remote_program,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    MEMORY_MB_RANGE,
 )
-from retool.sandbox.limits import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, MAX_WORKERS, MEMORY_MB_RANGE
 
 try:  # the documented shapes, from the sandbox-fusion client package when it is installed
     from sandbox_fusion.models import RunCodeRequest, RunCodeResponse
@@ -308,7 +310,7 @@ def test_same_results_as_the_local_sandbox(fusion, sandbox, code):
 
 def test_the_driver_is_python_3_8_syntax():
     """The service's interpreter may be older than ours (best effort: ``feature_version``)."""
-    for source in (remote_program("print(1)"), _RUNTIME_SOURCE):
+    for source in (remote_program("print(1)"), RUNTIME_SOURCE):
         ast.parse(source, feature_version=(3, 8))
 
 
@@ -515,15 +517,15 @@ def test_a_delivery_on_an_earlier_attempt_is_not_forgotten(fusion, monkeypatch):
     """A 503 after sending, then the service unreachable: the first attempt may have run."""
     with client(fusion, request_retries=3) as sb:
         fusion.faults.append(503)
-        exchange, attempts = sb._exchange, []
+        exchange, attempts = sb._http._exchange, []
 
         def first_sent_then_unreachable(body: bytes, read_timeout: float) -> Any:
             attempts.append(1)
             if len(attempts) == 1:
                 return exchange(body, read_timeout)
-            raise fusion_module._Retry("cannot connect to SandboxFusion", False)
+            raise fusion_http.Retry("cannot connect to SandboxFusion", False)
 
-        monkeypatch.setattr(sb, "_exchange", first_sent_then_unreachable)
+        monkeypatch.setattr(sb._http, "_exchange", first_sent_then_unreachable)
         result = sb.run("print(1)")
     assert len(attempts) == 4 and "cannot connect" in result.stderr
     assert result.error_kind == ErrorKind.SANDBOX and result.delivered

@@ -1,6 +1,6 @@
 """The server's runtime copy: every module the server runs, and nothing else of ours.
 
-The trainer starts the server from a copy of its modules (``local._RUNTIME_MODULES``,
+The trainer starts the server from a copy of its modules (``runtime_copy.RUNTIME_MODULES``,
 package ``retool_sandbox_rt``) under ``-I -S``, never from the checkout: a module
 the server imports but the list lacks fails every start (or only fresh mode, whose
 boot imports ``call``), and a module listed for nothing puts more of ours within a
@@ -17,14 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from retool.sandbox import call, local, server
+from retool.sandbox import boot, call, runtime_copy, server, server_process
 
-HERE = Path(local.__file__).resolve().parent
-PACKAGE = local._RUNTIME_PACKAGE
-BOOTS = {
-    "the trainer's server start": local._SERVER_BOOT,
-    "the server's neutral re-exec": server._SERVER_BOOT,
-    "fresh mode": call._FRESH_BOOT,
+HERE = Path(runtime_copy.__file__).resolve().parent
+PACKAGE = boot.RUNTIME_PACKAGE
+BOOTS = {  # each as the module that starts the interpreter sees it
+    "the trainer's server start": server_process.SERVER_BOOT,
+    "the server's neutral re-exec": server.SERVER_BOOT,
+    "fresh mode": call.FRESH_BOOT,
 }
 
 
@@ -69,9 +69,9 @@ def _imports_of(name: str) -> tuple[set[str], list[str]]:
 
 def _boot_modules() -> set[str]:
     found = set()
-    for where, boot in BOOTS.items():
-        named = re.findall(rf"from {PACKAGE}\.(\w+) import", boot)
-        assert named, f"{where}: no module of {PACKAGE} in its boot line {boot!r}"
+    for where, line in BOOTS.items():
+        named = re.findall(rf"from {PACKAGE}\.(\w+) import", line)
+        assert named, f"{where}: no module of {PACKAGE} in its boot line {line!r}"
         found.update(named)
     return found
 
@@ -88,8 +88,8 @@ def test_the_copy_lists_exactly_the_modules_the_server_runs():
         siblings, foreign = _imports_of(name)
         outside += foreign
         todo += sorted(siblings - needed)
-    listed = set(local._RUNTIME_MODULES)
-    assert len(listed) == len(local._RUNTIME_MODULES), "a module listed twice"
+    listed = set(runtime_copy.RUNTIME_MODULES)
+    assert len(listed) == len(runtime_copy.RUNTIME_MODULES), "a module listed twice"
     assert not needed - listed, f"imported by the server but not copied: {needed - listed}"
     assert not listed - needed, f"copied but never imported by the server: {listed - needed}"
     assert not outside, f"the server's modules import ours from outside the copy: {outside}"
@@ -99,7 +99,7 @@ def _runtime(tmp_path: Path) -> str:
     """The explicit import path a server gets: the copy, then the site directories."""
     workdir = tmp_path / "work"
     workdir.mkdir()
-    return local._install_runtime(str(workdir))
+    return runtime_copy.install_runtime(str(workdir))
 
 
 def _isolated(
@@ -121,7 +121,7 @@ def test_the_server_starts_from_the_copy_alone(tmp_path):
     """Its boot line, as the trainer runs it, finds ``main`` in the copy (``--help``:
     argparse answers before anything is set up), and the copy imports nothing of ours."""
     boot_path = _runtime(tmp_path)
-    started = _isolated("-c", local._SERVER_BOOT, boot_path, "--help", cwd=tmp_path)
+    started = _isolated("-c", server_process.SERVER_BOOT, boot_path, "--help", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     assert "--dir" in started.stdout and "retool.sandbox.server" in started.stdout
     probe = (
@@ -145,7 +145,7 @@ def test_fresh_mode_runs_a_file_from_the_copy(tmp_path):
     try:
         ran = _isolated(
             "-c",
-            call._FRESH_BOOT,
+            call.FRESH_BOOT,
             boot_path,
             str(code),
             str(ready_w),
@@ -164,10 +164,12 @@ def test_a_module_left_out_of_the_copy_fails_the_start(tmp_path, monkeypatch):
     """The check above has teeth: a copy without one of the server's modules cannot
     start it."""
     monkeypatch.setattr(
-        local, "_RUNTIME_MODULES", tuple(m for m in local._RUNTIME_MODULES if m != "wire")
+        runtime_copy,
+        "RUNTIME_MODULES",
+        tuple(m for m in runtime_copy.RUNTIME_MODULES if m != "wire"),
     )
     boot_path = _runtime(tmp_path)
     assert not os.path.exists(os.path.join(boot_path.split(":")[0], PACKAGE, "wire.py"))
-    started = _isolated("-c", local._SERVER_BOOT, boot_path, "--help", cwd=tmp_path)
+    started = _isolated("-c", server_process.SERVER_BOOT, boot_path, "--help", cwd=tmp_path)
     assert started.returncode != 0
     assert "ModuleNotFoundError" in started.stderr and "wire" in started.stderr

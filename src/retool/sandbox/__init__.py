@@ -4,16 +4,18 @@
 inside fresh namespaces with a read-only root, no network, an empty
 environment and per-call limits; ``format_tool_content`` turns the result into
 the observation the model reads. See ``server.py`` for the process tree.
-``FusionSandbox`` (``fusion.py``) gives the same interface and results over a
-SandboxFusion service's HTTP ``run_code`` API. Both refuse code over
+``FusionSandbox`` (``fusion.py`` and its ``fusion_*`` parts) gives the same
+interface and results over a SandboxFusion service's HTTP ``run_code`` API
+(``client.py`` holds what the two share). Both refuse code over
 ``MAX_CODE_BYTES`` or not UTF-8 text unrun (``limits.py``). ``open_sandbox``
 (``factory.py``) picks one of the two from the ``[sandbox]`` settings.
 """
 
+from retool.sandbox.environment import sandbox_env
 from retool.sandbox.factory import open_sandbox
 from retool.sandbox.fusion import FusionSandbox
 from retool.sandbox.limits import MAX_CODE_BYTES
-from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox, sandbox_env
+from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox
 from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
 from retool.sandbox.stats import SandboxStats
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import cgroups, landlock, linux, seccomp
 from .autoprint import add_autoprint
+from .boot import FRESH_BOOT
 from .rootfs import DEV_NODES, HOSTNAME, build_root
 from .runtime import exit_now, run_code, write_text
 
@@ -169,7 +170,7 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
                     "-I",
                     "-S",
                     "-c",
-                    _FRESH_BOOT,
+                    FRESH_BOOT,
                     spec.boot_path,
                     path,
                     str(ready_w),
@@ -191,12 +192,6 @@ def _child_c(spec: CallSpec, code_r: int, ready_w: int, out_fd: int, err_fd: int
         with contextlib.suppress(BaseException):
             write_text(2, "sandbox setup failed: " + traceback.format_exc())
     exit_now(status & 0xFF)
-
-
-_FRESH_BOOT = (
-    "import sys; sys.path += sys.argv.pop(1).split(':'); "
-    "from retool_sandbox_rt.call import run_file; run_file()"
-)
 
 
 def run_file() -> None:

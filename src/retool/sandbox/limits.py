@@ -31,6 +31,7 @@ MAX_TIMEOUT_S = 24 * 3600.0  # longest wall-clock limit of one call, seconds
 MEMORY_MB_RANGE = (16, 1 << 20)  # memory headroom of a call, MiB (below 16 MiB nothing runs)
 MAX_WORKERS = 256  # calls running at once, per sandbox
 MAX_OUTPUT_BYTES = 8 << 20  # tail kept of stdout and of stderr: a call writes at most this
+MAX_REQUEST_RETRIES = 100  # retries of a SandboxFusion call (more against a down service: a hang)
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 

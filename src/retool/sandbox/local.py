@@ -10,12 +10,16 @@ event loops alike. A dead server is restarted for later calls; code that was
 delivered is never run again. The server's stdin is a lifeline: when this end
 closes (``close()``, or the trainer dies however it dies) a reaper kills every
 process of every call.
+
+This module decides when the server starts, restarts and stops, holds the
+connections, runs calls and classifies their results. How the server process
+is started and ended is ``server_process.py``; the copy of its modules it
+starts from, ``runtime_copy.py``; its environment, ``environment.py``; what
+``LocalSandbox`` shares with ``FusionSandbox`` (screening, ``arun``), ``client.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -24,7 +28,6 @@ import select
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,21 +35,22 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
-from pathlib import Path
 
 from retool.checks import check_number
 from retool.errors import ConfigError, SandboxError
 from retool.protocol.sanitize import sanitize_observation
 from retool.sandbox import relocate
+from retool.sandbox.client import SandboxClient
 from retool.sandbox.limits import (
     MAX_OUTPUT_BYTES,
     MAX_TIMEOUT_S,
     MAX_WORKERS,
     MEMORY_MB_RANGE,
     check_module_names,
-    screen_code,
 )
-from retool.sandbox.result import ErrorKind, ExecResult, signal_kind
+from retool.sandbox.result import ErrorKind, ExecResult, sandbox_failure, signal_kind
+from retool.sandbox.runtime_copy import install_runtime
+from retool.sandbox.server_process import end_server, kill_cgroup, start_server, wait_for_eof
 from retool.sandbox.stats import SandboxStats
 from retool.sandbox.wire import recv_frame, send_frame, unix_socket_path
 
@@ -54,67 +58,6 @@ log = logging.getLogger(__name__)
 
 _NOT_DELIVERED = "could not deliver the code to the sandbox"
 DEFAULT_PRELOAD = ("math", "itertools", "fractions", "numpy", "sympy")
-# The only variables model code sees. Thread caps keep one call on one core.
-_THREAD_CAPS = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-)
-
-
-# The server's own code, copied out of the package: the server imports nothing
-# else of ours, so nothing of retool (data, answers) is importable in a call.
-_RUNTIME_MODULES = (
-    "server",
-    "wire",
-    "rootfs",
-    "call",
-    "zygote",
-    "handler",
-    "neutral",
-    "uids",
-    "layers",
-    "runtime",
-    "linux",
-    "seccomp",
-    "landlock",
-    "cgroups",
-    "autoprint",
-    "relocate",
-)
-_RUNTIME_PACKAGE = "retool_sandbox_rt"
-_SERVER_BOOT = (
-    "import sys; sys.path += sys.argv.pop(1).split(':'); "
-    f"from {_RUNTIME_PACKAGE}.server import main; main()"
-)
-
-
-def _install_runtime(workdir: str) -> str:
-    """Copy the server's modules into ``workdir``; the server's explicit import path.
-
-    The path is the runtime copy plus the site-packages directories (preloaded
-    libraries), never the trainer's cwd, ``PYTHONPATH`` or our source tree.
-    """
-    runtime = os.path.join(workdir, "rt")
-    package = os.path.join(runtime, _RUNTIME_PACKAGE)
-    os.makedirs(package, mode=0o755)
-    here = Path(__file__).resolve().parent
-    for name in _RUNTIME_MODULES:
-        shutil.copyfile(here / f"{name}.py", os.path.join(package, f"{name}.py"))
-    Path(package, "__init__.py").write_text('"""retool sandbox runtime (a copy)."""\n')
-    for path in [runtime, package, *map(str, Path(package).iterdir())]:
-        os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
-    sources = {str(here.parents[1]), str(here.parents[2])}
-    sites = [
-        p
-        for p in sys.path
-        if p.rstrip("/").endswith(("site-packages", "dist-packages"))
-        and os.path.isdir(p)
-        and os.path.realpath(p) not in sources
-    ]
-    return ":".join([runtime, *dict.fromkeys(sites)])
 
 
 def _readable(conn: socket.socket) -> bool:
@@ -122,33 +65,6 @@ def _readable(conn: socket.socket) -> bool:
     poller = select.poll()
     poller.register(conn, select.POLLIN | select.POLLHUP)
     return bool(poller.poll(0))
-
-
-def _wait_for_eof(fd: int, within: float) -> None:
-    """Wait until every writer of the pipe ``fd`` has exited (at most ``within`` s)."""
-    deadline = time.monotonic() + within
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP)
-    while (left := deadline - time.monotonic()) > 0:
-        if poller.poll(int(left * 1000) + 1) and not os.read(fd, 64):
-            return
-
-
-def _kill_cgroup(directory: str, within: float) -> None:
-    """Kill every process left in a v2 cgroup and wait until it is empty."""
-    deadline = time.monotonic() + within
-    while True:
-        with contextlib.suppress(OSError), open(os.path.join(directory, "cgroup.kill"), "w") as f:
-            f.write("1")
-        try:
-            with open(os.path.join(directory, "cgroup.events")) as handle:
-                if "populated 0" in handle.read():
-                    return
-        except OSError:
-            return  # removed already: empty
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.01)
 
 
 class IsolationLevel(StrEnum):
@@ -163,21 +79,6 @@ class IsolationLevel(StrEnum):
     writable, rlimits, empty environment, scratch cwd on the host filesystem."""
 
 
-def sandbox_env() -> dict[str, str]:
-    """The environment of the server and every call: a fixed allowlist."""
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": "/tmp",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
-        "MPLBACKEND": "Agg",
-    }
-    env.update({name: "1" for name in _THREAD_CAPS})
-    return env
-
-
 def close_all() -> None:
     """Close every ``LocalSandbox`` of this process, also one whose ``close()`` was cut
     short; returns once all their calls, servers and directories are gone.
@@ -189,7 +90,7 @@ def close_all() -> None:
         sandbox.close()
 
 
-class LocalSandbox:
+class LocalSandbox(SandboxClient):
     """Runs untrusted Python snippets, isolated, limited and stateless.
 
     Arguments (each checked at construction, a :class:`ConfigError` naming it
@@ -213,6 +114,7 @@ class LocalSandbox:
     - ``max_output_bytes``: tail kept of stdout and of stderr, in [1, 8 MiB].
     """
 
+    _label = "LocalSandbox"
     # Layers switched off ("seccomp", "cgroups"): only for measuring their cost.
     _disable_layers: tuple[str, ...] = ()
 
@@ -295,10 +197,18 @@ class LocalSandbox:
             )
         self._dir = tempfile.mkdtemp(prefix="retool-sandbox-")
         os.chmod(self._dir, 0o711)  # sandbox uids must reach their scratch dirs (basic)
-        boot_path = _install_runtime(self._dir)
+        boot_path = install_runtime(self._dir)
         self._gone_r, gone_w = os.pipe()
         try:
-            self._popen_server(preload, boot_path, gone_w)
+            self._server = start_server(
+                self._dir,
+                boot_path,
+                gone_w,
+                preload=preload,
+                isolation=self.isolation,
+                memory_mb=self.memory_mb,
+                disabled=self._disable_layers,
+            )
         finally:
             os.close(gone_w)  # only the server and then its reaper hold it
         # Held in self._server from here on: whatever interrupts the start-up,
@@ -335,43 +245,6 @@ class LocalSandbox:
         self.isolation_level = level
         self._generation += 1
 
-    def _popen_server(self, preload: Sequence[str], boot_path: str, gone_w: int) -> None:
-        self._server = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",  # no PYTHON* variables, no cwd or script dir on sys.path
-                "-S",  # no site: no .pth file (an editable install) adds our checkout
-                "-B",  # no .pyc of the runtime copy: it would record the work directory
-                "-c",
-                _SERVER_BOOT,
-                boot_path,
-                "--dir",
-                self._dir,
-                "--preload",
-                ",".join(preload),
-                "--isolation",
-                self.isolation,
-                "--memory-mb",
-                str(self.memory_mb),
-                "--boot-path",
-                boot_path,
-                "--disable",
-                ",".join(self._disable_layers),
-                "--layer-cache",
-                relocate.cache_root(),  # the server's environment is empty: ours decides
-                "--gone-fd",
-                str(gone_w),
-            ],
-            pass_fds=(gone_w,),
-            stdin=subprocess.PIPE,  # the lifeline: its end kills every call (reaper)
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=self._dir,
-            env=sandbox_env(),
-            close_fds=True,
-            start_new_session=True,
-        )
-
     def _restart(self, generation: int) -> None:
         with self._lock:
             if generation != self._generation or self._closed:
@@ -395,22 +268,16 @@ class LocalSandbox:
             except queue.Empty:
                 break
             conn.close()
-        server = self._server
-        if server is not None:
-            if server.stdin is not None:
-                server.stdin.close()  # the lifeline: the reaper wakes up and kills
-            server.kill()
-            server.wait()
-            if server.stdout is not None:
-                server.stdout.close()
+        if self._server is not None:
+            end_server(self._server)
             self._server = None
         if self._gone_r >= 0:
-            _wait_for_eof(self._gone_r, within=10.0)
+            wait_for_eof(self._gone_r, within=10.0)
             os.close(self._gone_r)
             self._gone_r = -1
         cgroup_dir = (self._cgroup or {}).get("v2")
         if cgroup_dir:
-            _kill_cgroup(cgroup_dir, within=2.0)
+            kill_cgroup(cgroup_dir, within=2.0)
         self._cgroup = None
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -450,30 +317,16 @@ class LocalSandbox:
             raise SandboxError("the sandbox is closed")
 
     # -- running code ---------------------------------------------------------
-    def _screen(self, code: object, timeout: object) -> tuple[float, ExecResult | None]:
-        """The call's time limit, and the refusal of code that must not be sent."""
-        limit = self.timeout
-        if timeout is not None:
-            check_number("LocalSandbox.run timeout", timeout, 0, MAX_TIMEOUT_S, low_open=True)
-            limit = float(timeout)  # type: ignore[arg-type]  # checked: a real number
-        refused = screen_code(code, self.isolation_level.value, self.degraded)
-        return limit, refused
+    def _isolation(self) -> tuple[str, bool]:
+        return self.isolation_level.value, self.degraded
 
-    def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` and wait for its result (at most the timeout plus set-up).
+    def _execute(self, code: str, limit: float) -> ExecResult:
+        """One call, delivered at most once (at most the timeout plus set-up).
 
-        The code is delivered at most once: if the connection or the server
-        fails after it was sent, the call fails with ``ErrorKind.SANDBOX`` and
-        is never run again behind the caller's back. Code larger than
-        ``MAX_CODE_BYTES`` or not UTF-8 text is refused unsent
-        (``ErrorKind.ERROR``); a ``code`` that is not a ``str`` raises
-        ``ConfigError``. Raises ``SandboxError`` after (or during) ``close()``.
+        If the connection or the server fails after the code was sent, the
+        call fails with ``ErrorKind.SANDBOX`` and is never run again behind the
+        caller's back.
         """
-        self._check_open()
-        limit, refused = self._screen(code, timeout)
-        if refused is not None:
-            self.stats.record(refused)
-            return refused
         request = {
             "code": code,
             "timeout": limit,
@@ -510,9 +363,7 @@ class LocalSandbox:
                         self._restart(generation)  # for later calls; this one is not re-run
                 break
             latency = time.monotonic() - started
-        result = self._to_result(reply, latency, failure)
-        self.stats.record(result)
-        return result
+        return self._to_result(reply, latency, failure)
 
     def _connect_or_restart(self) -> tuple[int, socket.socket]:
         if not self._server_alive():  # nothing delivered yet: a new server is safe
@@ -531,31 +382,18 @@ class LocalSandbox:
                 self._check_open()
                 raise SandboxError(f"cannot connect to the sandbox server: {exc}") from None
 
-    async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
-        """``run`` from an event loop, without blocking it."""
-        self._check_open()
-        self._screen(code, timeout)  # argument errors raise here, in the caller
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.run, code, timeout)
-
     def _to_result(self, reply: dict | None, latency: float, failure: str = "") -> ExecResult:
         """The result, with its kind taken only from facts the supervisor observed:
         the wait status, its own timer, the cgroup's OOM counter, the output
         files' sizes, and whether set-up finished (never from the call's output)."""
-        level, degraded = self.isolation_level.value, self.degraded
+        level, degraded = self._isolation()
         if reply is None or "error" in reply:
             why = failure or "the sandbox handler failed"
             if reply is not None:  # our bug: for the log, never for the model
                 log.warning("sandbox handler error: %s", reply["error"])
-            return ExecResult(
-                False,
-                "",
+            return sandbox_failure(
                 why,
-                None,
-                False,
                 latency,
-                False,
-                ErrorKind.SANDBOX,
                 isolation=level,
                 degraded=degraded,
                 # Sent, the code may have run, and the call may be what broke the
@@ -614,16 +452,6 @@ class LocalSandbox:
         with self._lock:
             self._stop_server()
         self._executor.shutdown(wait=False)
-
-    def __enter__(self) -> LocalSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 _OPEN: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()  # for close_all()

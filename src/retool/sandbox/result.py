@@ -75,6 +75,30 @@ class ExecResult:
         return asdict(self)
 
 
+def sandbox_failure(
+    why: str, latency: float, *, isolation: str, delivered: bool, degraded: bool = False
+) -> ExecResult:
+    """The result of a call the sandbox itself failed (``ErrorKind.SANDBOX``).
+
+    ``why`` is the one sentence the model reads (``format_tool_content``);
+    ``delivered`` says whether the code may have run (only the client's own
+    evidence that it did not lets the rollout exclude the trajectory).
+    """
+    return ExecResult(
+        False,
+        "",
+        why,
+        None,
+        False,
+        latency,
+        False,
+        ErrorKind.SANDBOX,
+        isolation=isolation,
+        degraded=degraded,
+        delivered=delivered,
+    )
+
+
 def format_tool_content(result: ExecResult, timeout: float | None = None) -> str:
     """The observation text for the model.
 

@@ -1,7 +1,7 @@
 """The sandbox runtime: how a call's code runs, on every backend.
 
 One module, two users. The local fork server (``server.py``) imports it; the
-SandboxFusion driver (``fusion.py``) ships this file's source to the service
+SandboxFusion driver (``fusion_program.py``) ships this file's source to the service
 and runs it there in a plain interpreter (as it ships ``autoprint.py``). So the
 code sees the same thing everywhere: compiled as ``<code>`` after the AST
 auto-print, run as ``__main__``, a failure shown with only the code's frames

@@ -37,10 +37,11 @@ environment, a scratch cwd, a dedicated uid when root, and the call's cgroup
 One module a job: ``wire`` (the framing between trainer and server),
 ``rootfs`` (a call's root), ``call`` (B and C), ``zygote``, ``handler``,
 ``neutral`` (the neutral paths), ``uids`` (a root server's uid blocks),
-``layers`` (what ``retool sandbox check`` shows). This one starts the server
-(the reaper, its namespaces, the re-exec at neutral paths, the probe of the
-level) and serves connections. All of them are copied into the server's
-runtime package (``local._RUNTIME_MODULES``) and import nothing else of ours.
+``layers`` (what ``retool sandbox check`` shows), ``boot`` (the lines that
+start an interpreter in the copy). This one starts the server (the reaper,
+its namespaces, the re-exec at neutral paths, the probe of the level) and
+serves connections. All of them are copied into the server's runtime package
+(``runtime_copy.RUNTIME_MODULES``) and import nothing else of ours.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import sys
 from typing import Any
 
 from . import call, cgroups, landlock, linux, seccomp
+from .boot import SERVER_BOOT
 from .call import BASIC, FULL, close_all_except
 from .handler import STOP, Handler
 from .layers import (
@@ -72,11 +74,6 @@ from .neutral import NEUTRAL_CGROUP, neutral_calls_dir, neutral_layout
 from .uids import UID_BLOCK, claim_uid_block, kill_uids
 from .wire import unix_socket_path, write_all
 from .zygote import Prepared, Zygote
-
-_SERVER_BOOT = (
-    "import sys; sys.path += sys.argv.pop(1).split(':'); "
-    "from retool_sandbox_rt.server import main; main()"
-)
 
 
 def enter_server_namespaces() -> list[str]:
@@ -311,7 +308,7 @@ def _host_side(args: argparse.Namespace, disabled: set[str]) -> dict[str, Any]:
     if group is not None:
         state["group"] = {key: f"{NEUTRAL_CGROUP}/{key}" for key in group.dirs}
     os.set_inheritable(alive_w, True)  # the reaper's sign that the server is alive
-    argv = [executable, "-I", "-S", "-B", "-c", _SERVER_BOOT, boot_path]
+    argv = [executable, "-I", "-S", "-B", "-c", SERVER_BOOT, boot_path]
     argv += ["--dir", work, "--preload", args.preload, "--isolation", args.isolation]
     argv += ["--memory-mb", str(args.memory_mb), "--boot-path", boot_path]
     argv += ["--disable", args.disable, "--resume", json.dumps(state)]
