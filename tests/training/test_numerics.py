@@ -224,3 +224,86 @@ def test_a_step_with_recompute_and_tis_logs_the_mismatch_and_the_recompute(
         "float32",
         "float32",
     )
+
+
+# -- a damaged numerics.json (a careless edit, a bad copy) --------------------------------
+
+GOOD_RECORD = {"requested": "auto", "sampler": "float32", "trainer": "bfloat16"}
+TIMING = {"role": "trainer", "rows": 64, "float32_s": 0.2, "bfloat16_s": 0.1, "chosen": "bfloat16"}
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("[]", "expected a JSON object, got a list"),
+        ('"float32"', "got 'float32'"),
+        ("null", "got null"),
+        (json.dumps({**GOOD_RECORD, "sampler": "int8"}), "'sampler' is 'int8', expected one of"),
+        (json.dumps({**GOOD_RECORD, "trainer": ["bfloat16"]}), "'trainer' is a list"),
+        (json.dumps({**GOOD_RECORD, "requested": True}), "'requested' is a boolean"),
+        (json.dumps({"requested": "auto", "sampler": "float32"}), "no 'trainer' field"),
+        (json.dumps({**GOOD_RECORD, "timings": "fast"}), "'timings' must be a list"),
+        (json.dumps({**GOOD_RECORD, "timings": [7]}), "'timings[0]' must be an object"),
+        (
+            json.dumps({**GOOD_RECORD, "timings": [{**TIMING, "rows": "64"}]}),
+            "'timings[0].rows' must be an integer",
+        ),
+        (
+            json.dumps({**GOOD_RECORD, "timings": [{**TIMING, "float32_s": float("nan")}]}),
+            "'timings[0].float32_s' must be a number",
+        ),
+        (
+            json.dumps({**GOOD_RECORD, "timings": [{**TIMING, "chosen": "fp8"}]}),
+            "'timings[0].chosen' is 'fp8'",
+        ),
+        (
+            json.dumps({**GOOD_RECORD, "timings": [{**TIMING, "stopped_early": "no"}]}),
+            "'timings[0].stopped_early' must be true or false",
+        ),
+        (json.dumps({**GOOD_RECORD, "host": ["cpu"]}), "'host' must be an object"),
+        ('{"requested": ' + "9" * 5000 + "}", "not JSON"),
+        ("{not json", "not JSON"),
+    ],
+)
+def test_a_damaged_numerics_file_names_the_file_and_the_field(tmp_path, text, names):
+    from retool.training.numerics import read_numerics
+
+    (tmp_path / NUMERICS_FILE).write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        read_numerics(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / NUMERICS_FILE}: unreadable (")
+    assert names in message and "\n" not in message
+
+
+def test_numerics_that_are_not_utf8_or_a_directory_are_one_error(tmp_path):
+    from retool.training.numerics import read_numerics
+
+    (tmp_path / NUMERICS_FILE).write_bytes(b'{"sampler": "\xff"}')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_numerics(tmp_path)
+    (tmp_path / NUMERICS_FILE).unlink()
+    (tmp_path / NUMERICS_FILE).mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        read_numerics(tmp_path)
+
+
+def test_what_record_numerics_writes_reads_back_unchanged(tmp_path):
+    from retool.backends.local.dtype import RoleTiming
+    from retool.training.numerics import read_numerics
+
+    timings = (
+        RoleTiming("trainer", 64, 0.2, 0.1, "bfloat16"),
+        RoleTiming("sampler", 8, 0, 0, "float32", True),
+    )
+    chosen = Numerics("auto", "float32", "bfloat16", timings, {"flags": "amx_bf16"})
+    run = SimpleNamespace(path=tmp_path, log=lambda line: None)
+    record_numerics(run, SimpleNamespace(numerics=chosen), resume=False)
+    assert read_numerics(tmp_path) == chosen
+
+
+def test_the_local_service_refuses_numerics_with_an_unknown_dtype():
+    from retool.backends.local.service import LocalServiceClient
+
+    with pytest.raises(ConfigError, match="'int8'"):
+        LocalServiceClient(device="cpu", numerics=Numerics("auto", "int8", "float32"))

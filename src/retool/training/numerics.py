@@ -69,17 +69,37 @@ SAMPLER_LOGPROBS = "sampler_logprobs"  # as retool.backends.local.losses.SAMPLER
 
 
 def read_numerics(run_path: Path) -> Any:
-    """The recorded :class:`~retool.backends.local.dtype.Numerics`, or None."""
+    """The recorded :class:`~retool.backends.local.dtype.Numerics`, or None.
+
+    A damaged file (not JSON, not an object, a field of the wrong type or an
+    unknown dtype) is one :class:`ConfigError` naming the file and the field.
+    """
     path = Path(run_path) / NUMERICS_FILE
-    if not path.is_file():
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not the run's numerics; start a new run")
+    if not path.exists():
         return None
     from retool.backends.local.dtype import Numerics
 
     try:
-        return Numerics.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        text = path.read_bytes().decode("utf-8")
+        data = json.loads(text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: unreadable ({exc.strerror}); check its permissions") from None
+    except UnicodeDecodeError:
         raise ConfigError(
-            f"{path}: unreadable ({type(exc).__name__}: {exc}); restore it or start a new run"
+            f"{path}: unreadable (not UTF-8 text); restore it or start a new run"
+        ) from None
+    except ValueError as exc:  # invalid JSON, or an integer too long to convert
+        raise ConfigError(
+            f"{path}: unreadable (not JSON: {str(exc)[:120]}); restore it or start a new run"
+        ) from None
+    try:
+        return Numerics.from_dict(data)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path}: unreadable ({exc}); the run directory is damaged: restore that file "
+            "or start a new run"
         ) from None
 
 

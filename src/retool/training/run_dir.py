@@ -391,6 +391,11 @@ class RunDirectory:
                 f"{self.completed_at_open} steps; ask for at least {self.completed_at_open} "
                 "(a shorter run is another run: start it in another --run-dir)"
             )
+        # The recorded numerics are read back after the model loads (training/numerics.py);
+        # a damaged numerics.json is refused here, before anything of the run is rewritten.
+        from retool.training.numerics import read_numerics
+
+        read_numerics(self.path)
         listed = self.checkpoints()
         if listed and self.last_checkpoint() is None:
             raise RetoolError(
@@ -566,6 +571,17 @@ def check_run_dir_free(path: str | os.PathLike[str]) -> None:
     """Refuse at once (before a model loads) a run directory another process writes."""
     lock_file = Path(path) / run_lock.RUN_LOCK_NAME
     run_lock.check_free(lock_file, f"run directory {path}")
+
+
+def lock_refusal(path: str | os.PathLike[str]) -> str | None:
+    """What :func:`check_run_dir_free` would refuse ``path`` with now, or None.
+
+    The same message ``train``/``sft`` print (``run directory X is in use by
+    pid N on HOST ...``), found without taking, rewriting or removing the lock,
+    for ``retool doctor`` (:func:`retool.training.run_lock.probe`).
+    """
+    lock_file = Path(path) / run_lock.RUN_LOCK_NAME
+    return run_lock.probe(lock_file, f"run directory {path}")
 
 
 @contextlib.contextmanager

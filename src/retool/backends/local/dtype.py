@@ -79,6 +79,8 @@ MAX_ROWS = 512  # more rows are timed at this count and scaled
 MIN_BATCH_S = 2e-3  # each timed batch of one shape lasts at least this long
 MIN_FLOP = 2e9  # a role doing less per step (a tiny test model) stays float32, unmeasured
 REQUESTS = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # what a role computes in
+ROLES = ("sampler", "trainer")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
 
 
@@ -200,25 +202,76 @@ class Numerics:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Numerics:
-        timings = tuple(
-            RoleTiming(
-                role=str(t["role"]),
-                rows=int(t["rows"]),
-                float32_s=float(t["float32_s"]),
-                bfloat16_s=float(t["bfloat16_s"]),
-                chosen=str(t["chosen"]),
-                stopped_early=bool(t.get("stopped_early", False)),
-            )
-            for t in data.get("timings", ())
-        )
+    def from_dict(cls, data: Any) -> Numerics:
+        """The numerics :meth:`to_dict` wrote (``numerics.json``).
+
+        The file lives in a run directory a user can edit or damage, so every
+        field is checked for what ``to_dict`` writes: a :class:`ValueError`
+        names the first field that is not (``'sampler' is 'int8', expected one
+        of ...``), never a ``KeyError`` from a later ``torch`` dtype lookup.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected a JSON object, got {_kind(data)}")
+        timings = data.get("timings", [])
+        if not isinstance(timings, list | tuple):
+            raise ValueError(f"'timings' must be a list, got {_kind(timings)}")
+        host = data.get("host", {})
+        if not isinstance(host, Mapping):
+            raise ValueError(f"'host' must be an object, got {_kind(host)}")
         return cls(
-            requested=str(data["requested"]),
-            sampler=str(data["sampler"]),
-            trainer=str(data["trainer"]),
-            timings=timings,
-            host={str(k): str(v) for k, v in dict(data.get("host", {})).items()},
+            requested=_choice(data, "requested", REQUESTS),
+            sampler=_choice(data, "sampler", DTYPES),
+            trainer=_choice(data, "trainer", DTYPES),
+            timings=tuple(_timing(t, f"timings[{i}]") for i, t in enumerate(timings)),
+            host={str(k): str(v) for k, v in host.items()},
         )
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for a message: ``a list``, ``'int8'``, ``true``."""
+    if isinstance(value, str):
+        return repr(value[:40])
+    names = {dict: "an object", list: "a list", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), f"{type(value).__name__} {value!r:.40}")
+
+
+def _choice(data: Mapping[str, Any], key: str, allowed: tuple[str, ...], where: str = "") -> str:
+    """``data[key]`` if it is one of ``allowed``, else a ValueError naming the field."""
+    if key not in data:
+        raise ValueError(f"no '{where}{key}' field")
+    value = data[key]
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"'{where}{key}' is {_kind(value)}, expected one of {', '.join(allowed)}")
+    return value
+
+
+def _number(data: Mapping[str, Any], key: str, where: str, integer: bool = False) -> Any:
+    """A finite, non-negative number (an integer with ``integer``) at ``data[key]``."""
+    value = data.get(key)
+    kinds = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        what = "an integer" if integer else "a number"
+        raise ValueError(f"'{where}{key}' must be {what} >= 0, got {_kind(value)}")
+    if value < 0:
+        raise ValueError(f"'{where}{key}' must be >= 0, got {value}")
+    return value
+
+
+def _timing(data: Any, where: str) -> RoleTiming:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"'{where}' must be an object, got {_kind(data)}")
+    where += "."
+    stopped = data.get("stopped_early", False)
+    if not isinstance(stopped, bool):
+        raise ValueError(f"'{where}stopped_early' must be true or false, got {_kind(stopped)}")
+    return RoleTiming(
+        role=_choice(data, "role", ROLES, where),
+        rows=_number(data, "rows", where, integer=True),
+        float32_s=float(_number(data, "float32_s", where)),
+        bfloat16_s=float(_number(data, "bfloat16_s", where)),
+        chosen=_choice(data, "chosen", DTYPES, where),
+        stopped_early=stopped,
+    )
 
 
 def choose_dtype(float32_s: float, bfloat16_s: float, margin: float = BF16_MARGIN) -> str:

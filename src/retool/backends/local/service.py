@@ -86,6 +86,11 @@ class LocalServiceClient:
         # Weights load in float32 (the trainer's master copy) unless float16 is asked for.
         self.dtype = torch.float16 if dtype == "float16" else torch.float32
         self.workload = workload or Workload()
+        if numerics is not None and not {numerics.sampler, numerics.trainer} <= set(_DTYPES):
+            raise ConfigError(
+                f"numerics: sampler {numerics.sampler!r}, trainer {numerics.trainer!r}; each "
+                f"must be one of {', '.join(_DTYPES)}"
+            )
         self.numerics: Numerics | None = numerics  # resolved when the first model loads
         self.requested_compile = compile
         self.compile: CompileChoice | None = None  # resolved with the numerics
@@ -194,14 +199,11 @@ class LocalServiceClient:
 
     def _client_for_state(self, path: str | Path) -> LocalTrainingClient:
         meta = read_state_meta(Path(path))
-        lora = meta["lora"]
+        base_model, lora = state_fields(meta, Path(path) / "retool_state.json")
         if lora is None:
-            return self.create_training_client(meta["base_model"])
+            return self.create_training_client(base_model)
         return self.create_lora_training_client(
-            meta["base_model"],
-            rank=lora["rank"],
-            alpha=lora["alpha"],
-            target_modules=tuple(lora["target_modules"]),
+            base_model, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules
         )
 
     def create_training_client_from_state(self, path: str | Path) -> LocalTrainingClient:
@@ -234,17 +236,7 @@ class LocalServiceClient:
                 max_context_tokens=self.max_context_tokens,
             )
         root = Path(model_path)
-        info_path = root / "retool_sampler.json"
-        if not info_path.exists():
-            raise BackendError(f"{root}: not a sampler checkpoint (no retool_sampler.json)")
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            base, merged = str(info["base_model"]), bool(info["merged"])
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-            raise BackendError(
-                f"{info_path}: not a valid sampler description ({type(exc).__name__}: {exc}); "
-                "save the weights again with save_weights_for_sampler"
-            ) from None
+        base, merged = read_sampler_info(root)
         from safetensors import SafetensorError
 
         try:
@@ -273,3 +265,75 @@ class LocalServiceClient:
             load_tokenizer(base),
             max_context_tokens=self.max_context_tokens,
         )
+
+
+def _damaged_meta(path: Path, why: str) -> BackendError:
+    return BackendError(
+        f"{path}: {why}; the checkpoint is damaged: use an earlier one (remove its line from "
+        "checkpoints.jsonl) or start a new run"
+    )
+
+
+def state_fields(meta: dict[str, Any], path: Path) -> tuple[str, LoraSpec | None]:
+    """``retool_state.json``'s model and adapter, each checked for what ``save_state`` writes.
+
+    The file is in a run directory a user may edit: a field of the wrong type
+    (a list for ``base_model``, ``"8"`` for a rank) is one error naming the file
+    and the field, never a ``KeyError`` or a model silently loaded as ``"['x']"``.
+    """
+    base_model, lora, steps = meta.get("base_model"), meta.get("lora"), meta.get("steps")
+    if not isinstance(base_model, str) or not base_model.strip():
+        raise _damaged_meta(path, f"'base_model' must be a model name, got {base_model!r:.60}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise _damaged_meta(path, f"'steps' must be an integer >= 0, got {steps!r:.60}")
+    if "lora" not in meta:
+        raise _damaged_meta(path, "no 'lora' field (null for full fine-tuning)")
+    if lora is None:
+        return base_model, None
+    if not isinstance(lora, dict):
+        raise _damaged_meta(path, f"'lora' must be an object or null, got {lora!r:.60}")
+    for key in ("rank", "alpha"):
+        value = lora.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _damaged_meta(path, f"'lora.{key}' must be an integer >= 1, got {value!r:.60}")
+    modules = lora.get("target_modules")
+    if (
+        not isinstance(modules, list)
+        or not modules
+        or not all(isinstance(m, str) and m for m in modules)
+    ):
+        raise _damaged_meta(
+            path, f"'lora.target_modules' must be a list of module names, got {modules!r:.60}"
+        )
+    return base_model, LoraSpec(lora["rank"], lora["alpha"], tuple(modules))
+
+
+def read_sampler_info(root: Path) -> tuple[str, bool]:
+    """``retool_sampler.json`` of saved sampler weights: (base model, merged), checked.
+
+    Read before the weights load (``retool eval`` and ``retool rollout`` call it
+    first, so a damaged file is their one error line, not one after "loading").
+    """
+    info_path = Path(root) / "retool_sampler.json"
+    if not info_path.exists():
+        raise BackendError(f"{root}: not a sampler checkpoint (no retool_sampler.json)")
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # not JSON, not UTF-8, a directory, a huge integer
+        raise BackendError(
+            f"{info_path}: not a valid sampler description ({type(exc).__name__}: "
+            f"{str(exc)[:120]}); save the weights again with save_weights_for_sampler"
+        ) from None
+    why = ""
+    if not isinstance(info, dict):
+        why = f"not a JSON object ({type(info).__name__})"
+    elif not isinstance(info.get("base_model"), str) or not info["base_model"].strip():
+        why = f"'base_model' must be a model name, got {info.get('base_model')!r:.60}"
+    elif not isinstance(info.get("merged"), bool):
+        why = f"'merged' must be true or false, got {info.get('merged')!r:.60}"
+    if why:
+        raise BackendError(
+            f"{info_path}: not a valid sampler description ({why}); save the weights again "
+            "with save_weights_for_sampler"
+        )
+    return info["base_model"], info["merged"]
