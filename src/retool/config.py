@@ -28,6 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 # The limits each section checks belong to the code they protect (a config the
 # sandbox or a service would refuse is refused here, before anything starts).
@@ -605,12 +606,14 @@ class SamplerConfig:
                 'sampler.threads_bind must be "auto", "nobind" or CPU ids such as "0-1"; '
                 f"got {self.threads_bind!r}"
             )
+        if self.url_list and self.engine == "local":
+            raise ConfigError(
+                'sampler.urls names vllm serve endpoints, but sampler.engine = "local" samples '
+                "with the local backend's own sampler and would ignore them: set "
+                'sampler.engine = "vllm" (and sampler.sync = "lora") or sampler.urls = ""'
+            )
         for url in self.url_list:
-            if not re.fullmatch(r"https?://[^\s/,]+(/\S*)?", url):
-                raise ConfigError(
-                    "sampler.urls must be comma-separated http(s) base URLs of vllm serve "
-                    f"(http://127.0.0.1:8000); got {url!r}"
-                )
+            _check_url(url)
         if self.engine == "vllm" and self.url_list and self.sync != "lora":
             raise ConfigError(
                 'sampler.urls (vllm serve) syncs by adapter only: set sampler.sync = "lora" '
@@ -621,6 +624,30 @@ class SamplerConfig:
     def url_list(self) -> tuple[str, ...]:
         """``urls`` split at commas, blanks dropped."""
         return tuple(u.strip() for u in self.urls.split(",") if u.strip())
+
+
+def _check_url(url: str) -> None:
+    """One ``sampler.urls`` entry: ``http(s)://host[:port][/path]``, with a host and a valid
+    port (``http://[::1`` or ``http://h:99999`` is refused here, not by a traceback later)."""
+    problem = ""
+    if not re.fullmatch(r"https?://[^\s/,]+(/\S*)?", url):
+        problem = "not an http(s) base URL"
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:  # an unclosed [IPv6 bracket, a port out of range
+            problem = str(exc)
+        else:
+            if not parts.hostname:
+                problem = "no host"
+            elif port == 0:
+                problem = "port 0"
+    if problem:
+        raise ConfigError(
+            "sampler.urls must be comma-separated http(s) base URLs of vllm serve "
+            f"(http://127.0.0.1:8000); got {url!r} ({problem})"
+        )
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ def test_bad_sampler_settings_name_the_field(overrides, message):
 
 
 def test_urls_split_at_commas():
-    config = load_config(overrides=['sampler.urls="http://127.0.0.1:8000, http://[::1]:8001"'])
+    urls = 'sampler.urls="http://127.0.0.1:8000, http://[::1]:8001"'
+    config = load_config(overrides=["sampler.engine=vllm", "sampler.sync=lora", urls])
     assert config.sampler.url_list == ("http://127.0.0.1:8000", "http://[::1]:8001")
 
 

@@ -16,9 +16,15 @@ command cannot forget one:
   the ``--config`` file, which beats the built-in default. Flags that mirror
   a config key default to ``None`` and only override when given.
 * **Nothing silently ignored.** A ``--set`` key the command does not use is
-  refused, naming the key and what to use instead (:func:`load_command_config`).
-  Keys of a ``--config`` file that the command does not use are accepted: one
-  file serves ``train``, ``eval`` and ``rollout``.
+  refused, naming the key and what to use instead (:func:`load_command_config`):
+  the keys a command never reads (its ``unused`` table, and ``demo.*``, which
+  only ``retool demo`` reads, for every command), and the keys that have no
+  effect with the settings as resolved (:data:`IDLE`: a vLLM setting while
+  ``sampler.engine = "local"``, ``rollout.max_oversample`` without dynamic
+  sampling). Keys of a ``--config`` file that the command does not use are
+  accepted: one file serves ``train``, ``eval`` and ``rollout``. Settings that
+  contradict each other (``sampler.urls`` with the local engine) are refused
+  from any source, by :mod:`retool.config`.
 * **Every default in --help.** :class:`HelpFormatter` appends
   ``(default: ...)`` to every option that has one; options whose default is
   not a constant say it in words.
@@ -32,7 +38,8 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -186,6 +193,60 @@ def set_keys(args: argparse.Namespace) -> list[str]:
     return [_override_key(text) for text in args.overrides]
 
 
+# What no command that goes through load_command_config reads: `retool demo` is the only
+# reader of [demo] (and hands its settings to the commands it runs in a config file).
+UNUSED_BY_EVERY_COMMAND = {
+    "demo": "only `retool demo` reads [demo] (the cold start and its evaluations)",
+}
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Keys that have no effect while the resolved config is ``when`` (for every command)."""
+
+    keys: frozenset[str]  # section.key
+    when: Callable[[Any], bool]  # the resolved RunConfig -> whether these keys do nothing
+    because: str  # the setting that makes them idle, as the user would write it
+    instead: str  # what to do
+
+
+# vLLM settings of the in-process engine only (a `vllm serve` has its own)
+_VLLM_IN_PROCESS: tuple[str, ...] = ("enforce_eager", "max_model_len", "kv_cache_gb")
+_VLLM_IN_PROCESS += ("gpu_memory_utilization", "threads_bind")
+IDLE = (
+    Idle(
+        frozenset(f"sampler.{k}" for k in ("dtype", "sync", *_VLLM_IN_PROCESS)),
+        lambda c: c.sampler.engine == "local",
+        'sampler.engine = "local" (the local backend samples; these are vLLM settings)',
+        "add --set sampler.engine=vllm to sample with vLLM, or drop it",
+    ),
+    Idle(
+        frozenset(f"sampler.{k}" for k in _VLLM_IN_PROCESS),
+        lambda c: c.sampler.engine == "vllm" and bool(c.sampler.url_list),
+        "sampler.urls names vllm serve endpoints (each server is started with its own)",
+        "give it to `vllm serve`, or drop sampler.urls for the in-process engine",
+    ),
+    Idle(
+        frozenset({"rollout.max_oversample"}),
+        lambda c: not c.rollout.dynamic_sampling,
+        "rollout.dynamic_sampling = false (no question is drawn to replace a dropped group)",
+        "add --set rollout.dynamic_sampling=true, or drop it",
+    ),
+)
+
+
+def check_idle(config: Any, overrides: Sequence[str], rules: Sequence[Idle] = IDLE) -> None:
+    """Refuse a ``--set`` that the resolved ``config`` makes a no-op (:data:`IDLE`)."""
+    for text in overrides:
+        key = _override_key(text)
+        for rule in rules:
+            if key in rule.keys and rule.when(config):
+                raise ConfigError(
+                    f"--set {text.strip()}: {key} has no effect while {rule.because}; "
+                    f"{rule.instead}"
+                )
+
+
 def load_command_config(
     args: argparse.Namespace,
     command: str,
@@ -197,7 +258,9 @@ def load_command_config(
 
     ``unused`` maps a section (``"data"``) or a key (``"rollout.group_size"``)
     that ``command`` does not read to what to use instead; a ``--set`` of one
-    is refused rather than silently ignored. ``flags`` are the overrides the
+    (or of ``demo.*``, :data:`UNUSED_BY_EVERY_COMMAND`) is refused rather than
+    silently ignored, and so is one the resolved settings make a no-op
+    (:data:`IDLE`, checked once the config is loaded). ``flags`` are the overrides the
     command's own flags stand for, applied last (:data:`PRECEDENCE`).
     """
     return load_command_config_given(args, command, unused=unused, flags=flags)[0]
@@ -211,12 +274,15 @@ def load_command_config_given(
     flags: Sequence[str] = (),
 ) -> tuple[Any, frozenset[str]]:
     """:func:`load_command_config`, and the ``section.key`` names given (file, --set, flags)."""
+    unused = {**UNUSED_BY_EVERY_COMMAND, **unused}
     for text in args.overrides:
         key = _override_key(text)
         reason = unused.get(key) or unused.get(key.split(".", 1)[0])
         if reason is not None:
             raise ConfigError(f"--set {text}: `retool {command}` does not use {key}; {reason}")
-    return load_config_given(args.config, [*args.overrides, *flags])
+    config, given = load_config_given(args.config, [*args.overrides, *flags])
+    check_idle(config, args.overrides)
+    return config, given
 
 
 def check_run_dir(path: str | os.PathLike[str], *, resume: bool, flag: str = "--run-dir") -> Path:
@@ -286,6 +352,19 @@ def _only_skeleton(path: Path) -> bool:
         if entry.is_dir() and any(entry.rglob("*")):
             return False
     return True
+
+
+def check_saved_weights(backend: str, path: str | os.PathLike[str]) -> None:
+    """Refuse saved sampler weights whose ``retool_sampler.json`` is damaged, before loading.
+
+    The local backend reads that file when it loads the weights; reading it
+    first makes a damaged one the command's one error line (not one after its
+    "loading ..." note). It imports torch, which loading the model does anyway.
+    """
+    if backend == "local" and (Path(path) / "retool_sampler.json").is_file():
+        from retool.backends.local.service import read_sampler_info
+
+        read_sampler_info(Path(path))
 
 
 def check_tracker(tracker: str | None) -> None:

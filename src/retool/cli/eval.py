@@ -35,6 +35,7 @@ from retool.cli.common import (
     HelpFormatter,
     add_config_options,
     add_number,
+    check_saved_weights,
     load_command_config_given,
     say,
 )
@@ -67,6 +68,11 @@ UNUSED = {
     "train": "`retool eval` does not train",
     "model.base_model": "name the model with --model",
     "model.lora_rank": "evaluation samples the weights as they are",
+    "model.loss_reduction": "`retool eval` trains nothing",
+    "rollout.advantage": "`retool eval` scores samples; advantages are for training",
+    "sampler": "`retool eval` samples with model.backend's own sampler; [sampler] is the RL "
+    "run's engine (`retool train`)",
+    "cost": "`retool eval` keeps no spend ledger; `retool train` and `retool sft` read cost.*",
 }
 
 
@@ -83,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "--output continues where it stopped (and refuses other settings).\n"
             f"Settings: {PRECEDENCE}. Not used (refused with --set): rollout.group_size\n"
             "(--val-n), data.* (--dataset), train.*, model.base_model (--model),\n"
-            "model.lora_rank, and sandbox.* in text mode."
+            "model.lora_rank, sampler.*, cost.*, demo.*, and sandbox.* in text mode."
         ),
         epilog=(
             "examples:\n"
@@ -257,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
+    check_saved_weights(config.model.backend, model.path)
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = open_sandbox(config.sandbox) if tools else None  # its limits fail fast
     sampler = bar = None

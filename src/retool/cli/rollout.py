@@ -21,6 +21,7 @@ from retool.cli.common import (
     PRECEDENCE,
     add_config_options,
     add_number,
+    check_saved_weights,
     load_command_config,
     say,
 )
@@ -39,8 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="roll out a few questions and print every trajectory",
         description="Sample group_size trajectories for a few questions with the sandbox, "
         "score them, and print a per-trajectory table and the batch metrics. "
-        f"Settings: {PRECEDENCE}; data.* and train.* are not used (--dataset names the "
-        "questions).",
+        f"Settings: {PRECEDENCE}; data.*, train.*, sampler.*, cost.*, demo.* and "
+        "rollout.dynamic_sampling/max_oversample are not used (--dataset names the questions; "
+        "a --set of one is refused).",
     )
     parser.add_argument(
         "--model",
@@ -112,10 +114,17 @@ def format_table(result) -> str:
     return "\n".join(lines)
 
 
+_TRAIN_ONLY = "`retool rollout` samples the --questions it is given; it is a `retool train` setting"
 UNUSED = {
     "data": "name the questions with --dataset",
     "train": "`retool rollout` does not train",
     "model.lora_rank": "sampling uses the weights as they are",
+    "model.loss_reduction": "`retool rollout` trains nothing",
+    "rollout.dynamic_sampling": _TRAIN_ONLY,
+    "rollout.max_oversample": _TRAIN_ONLY,
+    "sampler": "`retool rollout` samples with model.backend's own sampler; [sampler] is the "
+    "RL run's engine (`retool train`)",
+    "cost": "`retool rollout` keeps no spend ledger; cost.* is read by `retool train`",
 }
 
 
@@ -190,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     if config.reward.function:
         scorer = load_reward_function(config.reward.function)
 
+    check_saved_weights(config.model.backend, path)
     service = service_client(config.model, checkpoint_root=config.train.run_dir)
     sandbox = None if args.no_tools else open_sandbox(config.sandbox)  # its limits fail fast
     sampler = bar = None

@@ -54,9 +54,12 @@ _RL_ONLY = "`retool sft` trains on demonstrations; this is an RL setting (`retoo
 UNUSED = {
     "sandbox": "`retool sft` runs no code (`retool sft make-demos` does, with defaults)",
     "reward": "`retool sft` scores nothing",
+    "sampler": "`retool sft` samples nothing; [sampler] is the RL run's engine (`retool train`)",
     "data.train": "the conversations are --data",
     "data.dev": _RL_ONLY,
-    **{f"train.{key}": _RL_ONLY for key in ("loss", "clip_low", "clip_high")},
+    **{f"train.{key}": _RL_ONLY for key in ("loss", "clip_low", "clip_high", "updates_per_step")},
+    **{f"train.{k}": _RL_ONLY for k in ("old_logprobs", "rollout_correction_cap")},
+    "train.rollout_correction": _RL_ONLY,
     **{f"train.{key}": _RL_ONLY for key in ("eval_every", "eval_dataset", "eval_n")},
     "train.eval_limit": _RL_ONLY,
     **{
@@ -98,7 +101,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "config of `retool train`: train.steps, train.learning_rate, train.save_every,\n"
             "train.run_dir, and train.questions_per_batch as conversations per step.\n"
             f"Settings: {PRECEDENCE}. A --set of what SFT does not read (sandbox.*,\n"
-            "reward.*, data.train, RL-only train.* and rollout.* keys) is refused."
+            "reward.*, sampler.*, demo.*, data.train, RL-only train.* and rollout.* keys)\n"
+            "is refused."
         ),
         epilog=(
             "examples:\n"
