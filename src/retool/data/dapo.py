@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from retool.checks import check_number
-from retool.data.examples import MathExample, write_jsonl
+from retool.data.examples import MathExample, id_field, json_kind, text_field, write_jsonl
 from retool.data.files import check_output_dir, staged_output
 from retool.errors import DataError
 
@@ -64,24 +64,31 @@ def _dapo_row(record: dict[str, Any], where: str) -> MathExample:
     if not isinstance(prompt, list | tuple) or not prompt or not isinstance(prompt[0], dict):
         raise DataError(f"{where}: 'prompt' must be a non-empty list of messages")
     content = prompt[0].get("content")
-    if not isinstance(content, str) or not content.strip():
+    if content is None:
         raise DataError(f"{where}: 'prompt[0].content' is missing or empty")
+    content = text_field(content, where, "prompt[0].content")
     reward_model = record.get("reward_model")
     truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
-    if truth is None or not str(truth).strip():
+    if truth is None or (isinstance(truth, str) and not truth.strip()):
         raise DataError(f"{where}: 'reward_model.ground_truth' is missing or empty")
+    # a number is its decimal text; a list, object, boolean or NaN is no answer
+    truth = text_field(truth, where, "reward_model.ground_truth", numbers=True)
     extra = record.get("extra_info")
     index = extra.get("index") if isinstance(extra, dict) else None
-    if index is None or not str(index).strip():
+    if index is None or (isinstance(index, str) and not index.strip()):
         raise DataError(f"{where}: 'extra_info.index' is missing")
+    index = id_field(index, where, "extra_info.index")
+    source = record.get("data_source")
+    if source is not None and not isinstance(source, str):
+        raise DataError(f"{where}: field 'data_source' must be a string, got {json_kind(source)}")
     question = strip_dapo_wrapper(content)
     if not question:
         raise DataError(f"{where}: the question is empty once the DAPO wrapper is removed")
     return MathExample(
-        id=str(index),
+        id=index,
         question=question,
-        answer=str(truth).strip(),
-        data_source=str(record.get("data_source") or "dapo-math-17k"),
+        answer=truth.strip(),
+        data_source=source or "dapo-math-17k",
     )
 
 

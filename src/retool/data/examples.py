@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -55,32 +56,68 @@ def refuse_surrogates(value: str, where: str, key: str) -> None:
         ) from None
 
 
+def json_kind(value: Any) -> str:
+    """What a decoded JSON/Parquet value is, for a message: ``a list``, ``the number 1.0``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value).replace("nan", "NaN")
+    if type(value) in (int, float):
+        return f"the number {str(value)[:40]}"
+    names = {dict: "an object", list: "a list", tuple: "a list", bool: "a boolean"}
+    names[type(None)] = "null"
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+def text_field(value: Any, where: str, key: str, *, numbers: bool = False) -> str:
+    """A non-empty text field of a data row, or one :class:`DataError` naming ``where`` and ``key``.
+
+    With ``numbers`` (an answer), an integer or a finite float is accepted as its
+    decimal text (``34``, ``0.5``); anything else that is not a string (a list, an
+    object, a boolean, null, NaN, infinity) is refused, never turned into the
+    answer ``"['0']"`` or ``"nan"`` that no model could match.
+    """
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DataError(f"{where}: field {key!r} is {json_kind(value)}, not an answer")
+        value = str(value)
+    if not isinstance(value, str):
+        kind = "a string or a number" if numbers else "a string"
+        raise DataError(f"{where}: field {key!r} must be {kind}, got {json_kind(value)}")
+    if not value.strip():
+        raise DataError(f"{where}: field {key!r} is empty")
+    refuse_surrogates(value, where, key)
+    return value
+
+
+def id_field(value: Any, where: str, key: str) -> str:
+    """A row's id: a non-empty string or an integer (not a boolean, float or list)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise DataError(f"{where}: missing field {key!r}")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise DataError(
+            f"{where}: field {key!r} must be a string or integer, got {json_kind(value)}"
+        )
+    if isinstance(value, str):
+        refuse_surrogates(value, where, key)
+    return str(value)
+
+
 def _example_from_record(record: Any, where: str) -> MathExample:
     if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        raise DataError(f"{where}: expected a JSON object, got {json_kind(record)}")
     fields: dict[str, str] = {}
     for key in ("question", "answer"):
         value = record.get(key)
         if value is None:
             raise DataError(f"{where}: missing field {key!r}")
-        if isinstance(value, int | float) and not isinstance(value, bool) and key == "answer":
-            value = str(value)
-        if not isinstance(value, str):
-            raise DataError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
-        if not value.strip():
-            raise DataError(f"{where}: field {key!r} is empty")
-        refuse_surrogates(value, where, key)
-        fields[key] = value
-    raw_id = record.get("id")
-    if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
-        raise DataError(f"{where}: missing field 'id'")
-    if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
-        raise DataError(f"{where}: field 'id' must be a string or integer")
-    source = record.get("data_source") or ""
+        fields[key] = text_field(value, where, key, numbers=key == "answer")
+    raw_id = id_field(record.get("id"), where, "id")
+    source = record.get("data_source")
+    if source is None:
+        source = ""
     if not isinstance(source, str):
-        raise DataError(f"{where}: field 'data_source' must be a string")
+        raise DataError(f"{where}: field 'data_source' must be a string, got {json_kind(source)}")
     return MathExample(
-        id=str(raw_id), question=fields["question"], answer=fields["answer"], data_source=source
+        id=raw_id, question=fields["question"], answer=fields["answer"], data_source=source
     )
 
 

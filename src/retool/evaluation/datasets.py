@@ -23,6 +23,7 @@ A missing field is one :class:`~retool.errors.DataError` naming the file
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,8 @@ def _missing(where: str, what: str, names: str, record: dict[str, Any]) -> DataE
 def _as_text(where: str, name: str, value: Any) -> str:
     if isinstance(value, bool) or value is None:
         raise DataError(f"{where}: field {name!r} must be text or a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # "nan" is no answer
+        raise DataError(f"{where}: field {name!r} must be text or a finite number, got {value!r}")
     if isinstance(value, int | float):
         value = str(value)
     if not isinstance(value, str):
