@@ -304,8 +304,9 @@ def run(args: argparse.Namespace) -> int:
     for i, phase in enumerate(phases, 1):
         print(f"  {i}. {phase.name:<11} {phase.what}")
     clock = Clock(phases)
-    root = Path(args.output) / time.strftime("demo-%Y%m%d-%H%M%S")
-    where = "nothing is written" if args.check_only else f"everything goes to {root}"
+    stamp = time.strftime("demo-%Y%m%d-%H%M%S")
+    planned = Path(args.output) / stamp
+    where = "nothing is written" if args.check_only else f"everything goes to {planned}"
     print(f"about {_minutes(clock.left_s())} on a 2-core laptop CPU; {where}")
 
     clock.begin(0)
@@ -325,8 +326,40 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the pipeline self-check failed (see above); nothing was trained")
     if args.check_only:
         return 0
-    root.mkdir(parents=True)
+    root = new_run_root(Path(args.output), stamp)
+    if root != planned:
+        print(f"{planned} exists (another demo started in the same second): using {root}")
     return _pipeline(args, config, root, clock)
+
+
+MAX_SUFFIX = 1000  # demo-STAMP-2 ... demo-STAMP-1000, then give up
+
+
+def new_run_root(parent: Path, stamp: str) -> Path:
+    """A directory no other process has: ``parent/stamp``, else ``stamp-2``, ``stamp-3``...
+
+    Each name is claimed by one ``mkdir`` (atomic: of two processes making the same
+    name, exactly one succeeds), never by a look first and a create after, so two
+    demos started in the same second get two directories instead of sharing one or
+    failing on the second's ``FileExistsError``.
+    """
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output {parent}: cannot create it ({exc.strerror})") from None
+    for n in range(1, MAX_SUFFIX + 1):
+        root = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            root.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"--output {parent}: cannot create {root} ({exc.strerror})") from None
+        return root
+    raise ConfigError(
+        f"--output {parent}: {stamp} and its {MAX_SUFFIX - 1} numbered variants all exist; "
+        "choose another --output"
+    )
 
 
 def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -> int:
