@@ -351,17 +351,26 @@ def check_credentials(backend: str) -> list[Check]:
 
 
 def check_run_dir(run_dir: str, resume: bool = False) -> Check:
-    """Whether ``retool train``/``sft`` would accept this run directory (with ``resume``)."""
+    """Whether ``retool train``/``sft`` would accept this run directory (with ``resume``).
+
+    In the order they check it: the place, the run it holds (or not), then its
+    lock: a run directory another process is writing is refused by ``train``
+    (with or without ``--resume``), so it is a failed check here too, with the
+    holder ``train`` would name. The lock is only looked at, never taken.
+    """
     path = Path(run_dir).expanduser()
     try:
         check_output_dir(path, flag="run directory")
     except RetoolError as exc:
         return Check("run directory", "fail", str(exc))
-    from retool.training.run_dir import refusal
+    from retool.training.run_dir import lock_refusal, refusal
 
     why = refusal(path, resume)
     if why:
         return Check("run directory", "fail", f"{path}: {why}")
+    locked = lock_refusal(path)
+    if locked:
+        return Check("run directory", "fail", locked)
     return Check("run directory", "ok", f"{path} ({'resume' if resume else 'new run'})")
 
 
@@ -412,7 +421,10 @@ def diagnose(
     except RetoolError as exc:
         checks.append(Check("numerics", "fail", str(exc)))
     checks.append(check_extras(backend))
-    checks += [Check(*row) for row in sampler_rows(config.sampler)]
+    try:
+        checks += [Check(*row) for row in sampler_rows(config.sampler)]
+    except RetoolError as exc:  # a probe that raised instead of reporting: still one row
+        checks.append(Check("sampler", "fail", str(exc)))
     checks += check_credentials(backend)
     checks.append(check_data(config.data.train, "data.train"))
     if config.train.eval_every > 0:  # the periodic evaluation reads this split at step 1

