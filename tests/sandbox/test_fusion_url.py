@@ -12,7 +12,7 @@ import pytest
 from retool.cli import main
 from retool.config import SandboxConfig
 from retool.errors import ConfigError
-from retool.sandbox.fusion import parse_endpoint
+from retool.sandbox.fusion_endpoint import parse_endpoint
 
 BAD = ["http://[::1/", "http://[zz]:8080", "http://[::1]:99999", "http://h:0", "http://h:8080:1"]
 
