@@ -25,12 +25,17 @@ Design, and why:
   in flight from this process (ties in turn), so the ``G`` samples of one
   question stay on one server (its prefix cache serves them) while questions
   spread. A connection that cannot be made sent nothing, so the request moves
-  to the next endpoint at once; when none answers, one line names each URL and
-  why. Anything else (an HTTP error, a dropped reply, a timeout) fails the
-  request with a :class:`~retool.errors.BackendError`, which the rollout
-  retries (``rollout.sample_retries``) and then counts as ``sampler_error``:
-  the retry policy of every sampler (:mod:`retool.backends.remote` adds no
-  layer of its own either).
+  to the next endpoint at once; when none answers, one line names each URL (as
+  written: an :class:`Endpoint` prints as its URL) and why. That request, like
+  one that fails otherwise (an HTTP error, a dropped reply, a timeout), fails
+  with a :class:`~retool.errors.BackendError`, which the rollout retries
+  (``rollout.sample_retries``) and then counts as ``sampler_error``: the retry
+  policy of every sampler (:mod:`retool.backends.remote` adds no layer of its
+  own either). A server that died may be restarted, so none of this is
+  permanent, unlike a failed in-process engine (:mod:`retool.backends.vllm.engine`);
+  unloading adapters from a server that is gone at the end says nothing (it
+  holds none). A URL that does not parse is a :class:`~retool.errors.ConfigError`
+  naming ``sampler.urls`` when the client is made.
 * **Weight sync (``lora``).** After each optimizer step the trainer's PEFT
   adapter directory is published to every server
   (``POST /v1/load_lora_adapter``, name ``policy-step-N.<run tag>``: a server
@@ -42,7 +47,10 @@ Design, and why:
   name becomes every sample's ``policy_version``, the evidence the rollout
   checks against the step. The adapter path must be readable by the servers
   (same machine or a shared file system). ``merged`` sync needs the engine in
-  this process and is refused here.
+  this process and is refused here. A publish is all or nothing: one that a
+  server refuses (or an interrupt cuts) is unloaded from the servers that took
+  it and its directory deleted, with ``checkpoints/sampler`` when left empty,
+  so a run that stops there leaves nothing of it behind.
 * **Only the standard library** (``http.client``), one keep-alive connection
   pool per endpoint, blocking calls on a thread pool: no new dependency, and
   no event loop of ours competes with the rollout's.
