@@ -131,7 +131,7 @@ def pipelined_update(trainer: Any, micro_batches: list[list[TrainingDatum]]) -> 
     """``Session.update`` on a session that holds only what it reads."""
     session = Session.__new__(Session)
     session.trainer, session.adam, session.state = trainer, ADAM, LoopState()
-    session.update(1, micro_batches, "ppo", LOSS_CONFIG, Phases())
+    session.update(1, micro_batches, "ppo", LOSS_CONFIG, Phases(), lambda: None)
 
 
 @contextlib.contextmanager

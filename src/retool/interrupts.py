@@ -142,10 +142,39 @@ class InterruptGuard:
         try:
             yield
         finally:
-            self._depth -= 1
-            if not self._depth and self.pending is not None:
-                signum, self.pending = self.pending, None
-                raise Interrupted(signum)
+            self._leave()
+
+    def _leave(self) -> None:
+        """End one critical block: the outermost raises a signal deferred inside it."""
+        self._depth -= 1
+        if not self._depth and self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred_from(self) -> Iterator[Callable[[], None]]:
+        """A block whose critical part starts when it calls the ``hold`` it is given.
+
+        Before ``hold()`` a stop signal raises at once, as outside :meth:`critical`;
+        from ``hold()`` (idempotent) to the end of the block it is deferred. The
+        training step passes ``hold`` to the trainer calls, which call it just
+        before the first ``optim_step`` is submitted: the ``forward_backward``
+        calls before it stay interruptible, the weights' change and the step's
+        commit do not.
+        """
+        held = False
+
+        def hold() -> None:
+            nonlocal held
+            if not held:
+                held = True
+                self._depth += 1
+
+        try:
+            yield hold
+        finally:
+            if held:
+                self._leave()
 
 
 class StopOnce:

@@ -96,6 +96,10 @@ def bare_session(trainer) -> Session:
     return session
 
 
+def NO_HOLD() -> None:
+    """The ``hold`` of a step with no interrupt guard."""
+
+
 def micro_batches(*sizes: int) -> list[list[TrainingDatum]]:
     out, token = [], 100
     for size in sizes:
@@ -112,7 +116,7 @@ def test_an_update_submits_every_call_in_order_before_the_first_wait():
     session = bare_session(None)
     trainer = session.trainer = Recorder(session.state)
     batches = micro_batches(2, 1, 3)
-    trained, optim = session.update(4, batches, "ppo", {"clip": 1.0}, Phases())
+    trained, optim = session.update(4, batches, "ppo", {"clip": 1.0}, Phases(), NO_HOLD)
     assert trainer.log == [
         "submit fb0",
         "submit fb1",
@@ -131,22 +135,30 @@ def test_an_update_submits_every_call_in_order_before_the_first_wait():
     assert trained["train/update_skipped"] == 0.0
 
 
-def test_forward_backward_alone_submits_every_call_first_and_no_optim_step():
+def test_hold_is_called_once_just_before_the_optim_step_is_submitted():
     session = bare_session(None)
     trainer = session.trainer = Recorder(session.state)
-    session.forward_backward(micro_batches(1, 1, 1), "ppo", None, Phases())
+    session.update(
+        1, micro_batches(1, 1), "ppo", None, Phases(), lambda: trainer.log.append("hold")
+    )
     assert trainer.log == [
-        *(f"submit fb{i}" for i in range(3)),
-        *(f"await fb{i}" for i in range(3)),
+        *("submit fb0", "submit fb1", "hold", "submit optim"),
+        *("await fb0", "await fb1", "await optim"),
     ]
-    assert session.state.consistent is True  # nothing changed the weights
+
+
+def test_an_update_that_trains_nothing_never_holds():
+    session = bare_session(None)
+    trainer = session.trainer = Recorder(session.state)
+    session.update(1, [], "ppo", None, Phases(), lambda: trainer.log.append("hold"))
+    assert trainer.log == []
 
 
 def test_the_metrics_are_those_of_the_serial_calls():
     batches = micro_batches(2, 3, 1, 2)
     session = bare_session(None)
     session.trainer = Recorder(session.state)
-    trained, _ = session.update(1, batches, "ppo", None, Phases())
+    trained, _ = session.update(1, batches, "ppo", None, Phases(), NO_HOLD)
     serial = Recorder(LoopState())  # what Session.forward_backward did before: wait on each
     outputs = [
         serial.forward_backward([d.datum for d in b], "ppo", None).result().metrics for b in batches
@@ -161,7 +173,7 @@ def test_a_failure_at_submission_submits_nothing_after_it():
     session = bare_session(None)
     trainer = session.trainer = Recorder(session.state, refuse={1})
     with pytest.raises(BackendError, match="fb1 refused"):
-        session.update(1, micro_batches(1, 1, 1), "ppo", None, Phases())
+        session.update(1, micro_batches(1, 1, 1), "ppo", None, Phases(), NO_HOLD)
     assert trainer.log == ["submit fb0", "submit fb1", "await fb0"]  # no fb2, no optim_step
     assert session.state.consistent is True  # the emergency checkpoint still saves
 
@@ -170,7 +182,7 @@ def test_a_late_failure_surfaces_first_in_order_with_the_optim_step_already_sent
     session = bare_session(None)
     trainer = session.trainer = Recorder(session.state, fail={1, 2})
     with pytest.raises(BackendError, match="fb1 failed on the service"):  # not fb2's
-        session.update(1, micro_batches(1, 1, 1), "ppo", None, Phases())
+        session.update(1, micro_batches(1, 1, 1), "ppo", None, Phases(), NO_HOLD)
     assert trainer.log[:4] == ["submit fb0", "submit fb1", "submit fb2", "submit optim"]
     assert "await optim" not in trainer.log
     assert session.state.consistent is False  # the service may have stepped: no emergency save
@@ -179,25 +191,25 @@ def test_a_late_failure_surfaces_first_in_order_with_the_optim_step_already_sent
 def test_an_update_with_nothing_to_train_submits_nothing():
     session = bare_session(None)
     trainer = session.trainer = Recorder(session.state)
-    trained, optim = session.update(1, [], "ppo", None, Phases())
+    trained, optim = session.update(1, [], "ppo", None, Phases(), NO_HOLD)
     assert trainer.log == [] and optim == {} and trained["train/update_skipped"] == 1.0
     assert session.state.consistent is True
 
 
-def test_optimize_pipelines_each_further_update():
+def test_train_pipelines_every_update_the_first_included():
     session = bare_session(None)
     trainer = session.trainer = Recorder(session.state)
-    first = session.forward_backward(micro_batches(1, 1), "ppo", None, Phases())
-    metrics = session.optimize(
-        2, first, [micro_batches(2, 1), micro_batches(1)], "ppo", None, Phases()
-    )
+    updates = [micro_batches(1, 1), micro_batches(2, 1), micro_batches(1)]
+    done = session.train(2, updates, "ppo", None, Phases(), lambda: trainer.log.append("hold"))
     assert trainer.log == [
-        *("submit fb0", "submit fb1", "await fb0", "await fb1"),
-        *("submit optim", "await optim"),  # the first update's, after its forward_backward
-        *("submit fb2", "submit fb3", "submit optim", "await fb2", "await fb3", "await optim"),
-        *("submit fb4", "submit optim", "await fb4", "await optim"),
+        *("submit fb0", "submit fb1", "hold", "submit optim", "await fb0", "await fb1"),
+        "await optim",
+        *("submit fb2", "submit fb3", "hold", "submit optim", "await fb2", "await fb3"),
+        "await optim",
+        *("submit fb4", "hold", "submit optim", "await fb4", "await optim"),
     ]
-    assert metrics["train/updates"] == 3.0 and metrics["train/micro_batches"] == 5.0
+    assert done.metrics["train/updates"] == 3.0 and done.metrics["train/micro_batches"] == 5.0
+    assert done.first["train/micro_batches"] == 2.0  # the first update's own, for the mismatch
 
 
 def test_the_local_backend_gives_the_serial_numbers_and_weights(tmp_path):
@@ -217,7 +229,9 @@ def test_the_local_backend_gives_the_serial_numbers_and_weights(tmp_path):
         ]
         optim = serial.optim_step(ADAM).result().metrics
         session = bare_session(piped)
-        trained, piped_optim = session.update(1, batches, "importance_sampling", None, Phases())
+        trained, piped_optim = session.update(
+            1, batches, "importance_sampling", None, Phases(), NO_HOLD
+        )
         merged = {f"train/{k}": v for k, v in merge_trainer_metrics(outputs).items()}
         assert {k: v for k, v in trained.items() if k in merged} == merged
         assert piped_optim == {f"optim/{k}": v for k, v in optim.items()}

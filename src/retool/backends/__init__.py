@@ -1,7 +1,8 @@
 """Model backends. Each implements the contract in :mod:`retool.types`.
 
 :func:`service_client` is the one place that turns ``model.backend`` into a
-service client, so commands never branch on the backend themselves.
+service client, and :func:`tunes_numerics` and :func:`correction_in_loss` say
+what a backend can do, so commands never branch on the backend themselves.
 """
 
 from __future__ import annotations
@@ -16,6 +17,21 @@ from retool.types import SamplingClient, ServiceClient
 
 if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
     from retool.config import ModelConfig
+
+
+def tunes_numerics(model: ModelConfig) -> bool:
+    """Whether the backend picks its dtypes on this host (``model.dtype = "auto"``
+    measures the run's workload) and records them in ``numerics.json``: the local
+    backend; a service computes in its own numerics."""
+    return model.backend == "local"
+
+
+def correction_in_loss(model: ModelConfig) -> bool:
+    """Whether the backend's loss applies the rollout correction and measures the
+    sampler/trainer mismatch itself (its ``loss_config`` takes the correction and its
+    datums the sampler's logprobs): the local backend. A service's loss cannot be
+    changed, so the correction goes through the advantages instead."""
+    return model.backend == "local"
 
 
 def service_client(

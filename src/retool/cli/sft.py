@@ -235,7 +235,7 @@ def run_train(args: argparse.Namespace) -> int:
     if not data.is_file():  # /dev/stdin on a terminal would wait silently
         raise ConfigError(f"--data {data}: not a regular file; give a .jsonl file")
     config = load_command_config(args, "sft", unused=UNUSED)
-    run_dir = preflight(args, config, evaluation=False)
+    run_dir = preflight(args, config)
     load_conversations(data)  # every line checked before a model loads
 
     with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first

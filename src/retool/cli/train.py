@@ -11,7 +11,6 @@ starts clean.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from retool.cli.common import (
     PRECEDENCE,
@@ -24,11 +23,9 @@ from retool.cli.common import (
     run_dir_rollback,
     set_keys,
 )
-from retool.data import load_dataset
+from retool.config import RunConfig
 from retool.errors import ConfigError
-from retool.evaluation import load_eval_examples
-from retool.reward import load_reward_function
-from retool.training.loop import train
+from retool.training.loop import RLData, train
 from retool.training.run_dir import check_run_dir_free, released, resolve_checkpoint
 
 
@@ -47,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str:
+def preflight(args: argparse.Namespace, config: RunConfig) -> str:
     """Refuse what would fail after the model loads; returns the run directory."""
     if args.resume and args.init_from:
         raise ConfigError("--resume continues a run from its own checkpoint; drop --init-from")
@@ -59,10 +56,6 @@ def preflight(args: argparse.Namespace, config: Any, *, evaluation: bool) -> str
     if args.init_from and not args.resume:
         resolve_checkpoint(args.init_from)
     check_tracker(args.tracker)
-    if evaluation and config.train.eval_every:
-        load_eval_examples(
-            config.train.eval_dataset or config.data.dev, limit=config.train.eval_limit or None
-        )
     return str(run_dir)
 
 
@@ -78,10 +71,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--set {idle[0]} has no effect while train.eval_every = 0 (no evaluation "
                 "during training); add --set train.eval_every=N"
             )
-    run_dir = preflight(args, config, evaluation=True)
-    load_dataset(config.data.train)
-    if config.reward.function:
-        load_reward_function(config.reward.function)
+    run_dir = preflight(args, config)
+    data = RLData.load(config)  # the data, the reward function, the evaluation set: once
 
     with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = train(
@@ -91,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             init_from=args.init_from,
             tracker=args.tracker,
             progress=not args.no_progress,
+            data=data,
         )
     print_run(run)
     return 0

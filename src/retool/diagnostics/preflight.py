@@ -44,9 +44,9 @@ from retool.rollout import RolloutResult, StopReason, rollout_batch
 from retool.sandbox import open_sandbox
 from retool.training.cost import StepTokens, prefill_split, sampled_tokens, trained_tokens
 from retool.training.datum import build_datum, build_training_datums, datum_loss_tokens
-from retool.training.numerics import check_supported, service_options
+from retool.training.numerics import check_supported
 from retool.training.run_dir import resolve_checkpoint
-from retool.training.session import new_trainer
+from retool.training.session import new_trainer, service_options
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,

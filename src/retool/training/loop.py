@@ -9,12 +9,13 @@ Per step ``s`` (1-based; seeds and batches derive from it):
    (:func:`retool.data.take_reserve`, up to ``rollout.max_oversample``);
 3. build one datum per trajectory with a non-zero advantage, scale the
    advantages for the loss aggregation, pack micro-batches by padded area;
-4. ``forward_backward`` per micro-batch, then ONE ``optim_step`` (skipped and
-   logged when nothing trains; a step whose every trajectory failed in the
-   sampler or sandbox stops the run instead, see :mod:`retool.training.step_notes`);
-   with ``train.updates_per_step = K`` the step's groups are split into ``K``
-   updates, each its micro-batches then its ``optim_step``
-   (:mod:`retool.training.updates`);
+4. train: the step's groups split into ``train.updates_per_step = K`` updates
+   (:mod:`retool.training.updates`; one by default), each ``forward_backward``
+   per micro-batch then one ``optim_step``, all of an update's calls submitted
+   before the first result is awaited (:meth:`Session.train`); nothing trains
+   when no datum has an advantage (skipped and logged); a step whose every
+   trajectory failed in the sampler or sandbox stops the run instead, see
+   :mod:`retool.training.step_notes`;
 5. when a checkpoint is due, write its state and sampler directories;
 6. commit the step (rollouts file, then its metrics line), then the
    checkpoint's manifest line: a kill between the two leaves a complete step
@@ -44,14 +45,15 @@ when the state is consistent, then propagates.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
-from retool.data import load_dataset, take_batch, take_reserve
+from retool.data import MathExample, load_dataset, take_batch, take_reserve
 from retool.errors import ServiceError
-from retool.reward import default_checker, load_reward_function
-from retool.rollout import rollout_batch
+from retool.evaluation import load_eval_examples
+from retool.reward import Scorer, default_checker, load_reward_function
+from retool.rollout import ProgressEvent, rollout_batch
 from retool.sandbox import open_sandbox
 from retool.training.aggregation import scale_advantages
 from retool.training.cost import step_tokens
@@ -60,7 +62,7 @@ from retool.training.faults import crash_point
 from retool.training.numerics import prepare_step
 from retool.training.periodic_eval import PeriodicEval
 from retool.training.provenance import RunInputs, digest_records
-from retool.training.run_dir import RunDirectory
+from retool.training.run_dir import Journal, RunDirectory
 from retool.training.session import Phases, Session
 from retool.training.step_notes import (
     INFRASTRUCTURE_STOPS,
@@ -68,7 +70,34 @@ from retool.training.step_notes import (
     exclusion_note,
     infrastructure_stop,
 )
-from retool.training.updates import regroup, split_updates
+from retool.training.updates import split_updates
+
+
+@dataclass(frozen=True)
+class RLData:
+    """What an RL run reads before its first step, loaded once.
+
+    ``retool train`` loads it before the model (a bad file is refused before
+    anything is written) and passes it to :func:`train`.
+    """
+
+    examples: list[MathExample]  # data.train, in file order
+    scorer: Scorer | None  # reward.function; None: the built-in boxed-answer reward
+    eval_examples: list[MathExample]  # train.eval_every's problems; [] without evaluations
+
+    @classmethod
+    def load(cls, config: RunConfig) -> RLData:
+        cfg = config.train
+        evaluated = cfg.eval_dataset or config.data.dev
+        return cls(
+            examples=load_dataset(config.data.train),
+            scorer=load_reward_function(config.reward.function) if config.reward.function else None,
+            eval_examples=(
+                load_eval_examples(evaluated, limit=cfg.eval_limit or None)
+                if cfg.eval_every
+                else []
+            ),
+        )
 
 
 def train(
@@ -79,11 +108,15 @@ def train(
     init_from: str | None = None,
     tracker: str | None = None,
     progress: bool = True,
+    data: RLData | None = None,
 ) -> RunDirectory:
-    """Run (or resume) RL training as ``config`` says; returns the run directory."""
+    """Run (or resume) RL training as ``config`` says; returns the run directory.
+
+    ``data``: the run's inputs when the caller has loaded them (:meth:`RLData.load`).
+    """
     cfg = config.train
-    examples = load_dataset(config.data.train)
-    scorer = load_reward_function(config.reward.function) if config.reward.function else None
+    data = data or RLData.load(config)
+    examples, scorer = data.examples, data.scorer
     session = Session(
         config,
         run_dir=run_dir,
@@ -102,7 +135,7 @@ def train(
     sandbox = open_sandbox(config.sandbox)
     alike_note = AlikeNote()
     try:
-        evaluation = PeriodicEval(config, session, sandbox, scorer)
+        evaluation = PeriodicEval(config, session, sandbox, data.eval_examples, scorer, checker)
         with session.running():
             if evaluation.pending(session.start):
                 evaluation.run(session.start)
@@ -129,7 +162,9 @@ def train(
                     if not any(t.stop_reason in INFRASTRUCTURE_STOPS for t in group)
                 }
 
-                def on_trajectory(event: Any, journal: Any = journal, step: int = step) -> None:
+                def on_trajectory(
+                    event: ProgressEvent, journal: Journal = journal, step: int = step
+                ) -> None:
                     # a service failure is not journaled: a resume samples its group again
                     trajectory = event.trajectory
                     failed = (
@@ -188,26 +223,20 @@ def train(
                 # old logprobs (sampler, or recomputed for every update before the first)
                 # and the rollout correction: numerics.py
                 numerics = prepare_step(
-                    trainer,
-                    [batch for update in packed for batch in update],
-                    config,
-                    session.numerics,
-                    loss_config,
-                    phases,
+                    trainer, packed, config, session.numerics, loss_config, phases
                 )
-                first, *more = regroup(numerics.micro_batches, [len(u) for u in packed])
-                # 4. forward_backward per micro-batch of the first update (gradients accumulate)
-                trained = session.forward_backward(first, cfg.loss, numerics.loss_config, phases)
-                # 5-7. optim_step, each further update's forward_backward and optim_step; weights
-                # and run directory disagree from the first optim_step to the manifest line:
-                # a signal there waits for the end of the block
-                with session.guard.critical():
-                    metrics.update(
-                        session.optimize(
-                            step, trained, more, cfg.loss, numerics.loss_config, phases
-                        )
+                # 4-7. each update's forward_backward per micro-batch and its optim_step, the
+                # checkpoint, the commit: from the first optim_step (hold) to the manifest line
+                # the weights and the run directory disagree, so a signal there waits
+                with session.guard.deferred_from() as hold:
+                    trained = session.train(
+                        step, numerics.updates, cfg.loss, numerics.loss_config, phases, hold
                     )
-                    metrics.update(numerics.finish(trained))  # the mismatch: before any update
+                    hold()  # the commit is critical even when nothing trained
+                    metrics.update(trained.metrics)
+                    metrics.update(
+                        numerics.finish(trained.first)
+                    )  # the mismatch: before any update
                     trained_tokens = int(metrics["train/tokens"])
                     tokens = step_tokens(result.trajectories, trained=trained_tokens)
                     checkpoint = session.checkpoint_if_due(step, phases)

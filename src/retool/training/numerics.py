@@ -54,11 +54,22 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from retool.backends import correction_in_loss
+from retool.config import RunConfig
+from retool.data.files import write_atomic
 from retool.errors import ConfigError
+from retool.training.datum import TrainingDatum
+from retool.types import Datum, TensorData, TrainingClient
+
+if TYPE_CHECKING:  # the local backend imports torch: its value types only here
+    from retool.backends.local.compiled import CompileChoice
+    from retool.backends.local.dtype import Numerics
+    from retool.training.run_dir import RunDirectory
+    from retool.training.session import Phases
 
 NUMERICS_FILE = "numerics.json"
 CORRECTION_CODES = {"none": 0, "tis": 1, "mis": 2}
@@ -68,7 +79,7 @@ SAMPLER_LOGPROBS = "sampler_logprobs"  # as retool.backends.local.losses.SAMPLER
 # -- the run directory ---------------------------------------------------------------
 
 
-def read_numerics(run_path: Path) -> Any:
+def read_numerics(run_path: Path) -> Numerics | None:
     """The recorded :class:`~retool.backends.local.dtype.Numerics`, or None.
 
     A damaged file (not JSON, not an object, a field of the wrong type or an
@@ -103,11 +114,14 @@ def read_numerics(run_path: Path) -> Any:
         ) from None
 
 
-def check_supported(config: Any) -> None:
+def check_supported(config: RunConfig) -> None:
     """Refuse, in one line, a setting the configured backend cannot express."""
     cfg = config.train
-    remote = config.model.backend != "local"
-    if remote and cfg.rollout_correction in ("tis", "mis") and cfg.old_logprobs != "recompute":
+    if (
+        not correction_in_loss(config.model)
+        and cfg.rollout_correction in ("tis", "mis")
+        and cfg.old_logprobs != "recompute"
+    ):
         raise ConfigError(
             f"train.rollout_correction = {cfg.rollout_correction!r} on {config.model.backend} "
             'needs train.old_logprobs = "recompute": the service\'s loss cannot be changed, so '
@@ -115,27 +129,7 @@ def check_supported(config: Any) -> None:
         )
 
 
-def service_options(config: Any) -> dict[str, Any]:
-    """What ``service_client`` passes to a local backend: the run's workload, for ``auto``."""
-    if config.model.backend != "local":
-        return {}
-    from retool.backends.local.dtype import Workload
-
-    return {"workload": Workload.from_config(config)}
-
-
-def open_service(config: Any, run: Any, resume: bool) -> Any:
-    """The run's service client; a local one gets the workload and, on resume, the numerics."""
-    from retool.backends import service_client
-
-    check_supported(config)
-    options = service_options(config)
-    if options and resume:
-        options["numerics"] = read_numerics(run.path)
-    return service_client(config.model, checkpoint_root=run.checkpoint_root, **options)
-
-
-def sampler_numerics(numerics: Any, config: Any) -> Any:
+def sampler_numerics(numerics: Numerics | None, config: RunConfig) -> Numerics | None:
     """The run's numerics with a vLLM sampler's dtype (``sampler.dtype``) for the sampler role."""
     if numerics is None or config.sampler.engine != "vllm":
         return numerics
@@ -143,7 +137,11 @@ def sampler_numerics(numerics: Any, config: Any) -> Any:
 
 
 def record_numerics(
-    run: Any, service: Any, resume: bool, numerics: Any = None, compile_choice: Any = None
+    run: RunDirectory,
+    service: object,
+    resume: bool,
+    numerics: Numerics | None = None,
+    compile_choice: CompileChoice | None = None,
 ) -> None:
     """Write ``numerics.json`` (and a log line); on resume, refuse a change.
 
@@ -166,17 +164,15 @@ def record_numerics(
             "dtype or start a new run"
         )
     if recorded is None:
-        from retool.backends.local.models import atomic_write_text
-
         record = numerics.to_dict()
         if compile_choice is not None:
             record["compile"] = dataclasses.asdict(compile_choice)
         text = json.dumps(record, indent=2) + "\n"
-        atomic_write_text(Path(run.path) / NUMERICS_FILE, text)
+        write_atomic(Path(run.path) / NUMERICS_FILE, text.encode())
         run.log(f"numerics: {numerics.summary()}")
 
 
-def resolve_correction(setting: str, numerics: Any) -> str:
+def resolve_correction(setting: str, numerics: Numerics | None) -> str:
     """``auto`` -> ``none`` when both roles are float32 (or unknown: a remote service)."""
     if setting != "auto":
         return setting
@@ -229,80 +225,86 @@ def mismatch_metrics(
 
 @dataclass
 class StepNumerics:
-    """What :func:`prepare_step` hands to the update, and the metrics it adds after."""
+    """What :func:`prepare_step` hands to the updates, and the metrics it adds after."""
 
-    micro_batches: list[list[Any]]
+    updates: list[list[list[TrainingDatum]]]  # per update, its micro-batches
     loss_config: dict[str, float] | None
     metrics: dict[str, float] = field(default_factory=dict)  # host-computed train/* metrics
     derive_from_ratio: bool = False  # remote + sampler logprobs: mismatch = the ratio metrics
 
-    def finish(self, step_metrics: Mapping[str, float]) -> dict[str, float]:
-        """The mismatch metrics to add to the step's (never overriding the trainer's)."""
-        out = {k: v for k, v in self.metrics.items() if k not in step_metrics}
+    def finish(self, first_update: Mapping[str, float]) -> dict[str, float]:
+        """The mismatch metrics to add to the step's (never overriding the trainer's);
+        ``first_update``: the first update's metrics, measured before any weight moved."""
+        out = {k: v for k, v in self.metrics.items() if k not in first_update}
         if self.derive_from_ratio:
             for ours, theirs in (("sampler_kl", "approx_kl"), ("sampler_clip_fraction", "clip")):
                 name = "train/clip_fraction" if theirs == "clip" else f"train/{theirs}"
-                if f"train/{ours}" not in step_metrics and name in step_metrics:
-                    out[f"train/{ours}"] = float(step_metrics[name])
+                if f"train/{ours}" not in first_update and name in first_update:
+                    out[f"train/{ours}"] = float(first_update[name])
         return out
 
 
-def _with_inputs(item: Any, **arrays: np.ndarray) -> Any:
-    """A copy of a :class:`~retool.training.datum.TrainingDatum` with loss inputs replaced."""
-    from retool.types import Datum, TensorData
-
+def _with_inputs(item: TrainingDatum, **arrays: np.ndarray) -> TrainingDatum:
+    """A copy of ``item`` with loss inputs replaced."""
     inputs = dict(item.datum.loss_fn_inputs)
     inputs.update({k: TensorData.from_numpy(v.astype(np.float32)) for k, v in arrays.items()})
     return dataclasses.replace(item, datum=Datum(item.datum.model_input, inputs))
 
 
 def prepare_step(
-    trainer: Any,
-    micro_batches: list[list[Any]],
-    config: Any,
-    numerics: Any,
+    trainer: TrainingClient,
+    updates: list[list[list[TrainingDatum]]],
+    config: RunConfig,
+    numerics: Numerics | None,
     loss_config: dict[str, float] | None,
-    phases: Any,
+    phases: Phases,
 ) -> StepNumerics:
-    """Apply ``train.old_logprobs`` and ``train.rollout_correction`` to the step's datums."""
-    cfg, local = config.train, config.model.backend == "local"
+    """Apply ``train.old_logprobs`` and ``train.rollout_correction`` to the step's updates
+    (each a list of micro-batches); with ``recompute``, one trainer ``forward`` per
+    micro-batch of every update, all before the first update trains."""
+    cfg, local = config.train, correction_in_loss(config.model)
     correction = resolve_correction(cfg.rollout_correction, numerics)
     low, high = cfg.clip_low, cfg.clip_high
     step_config = dict(loss_config or {})
     if local and correction != "none":
         step_config["rollout_correction"] = float(CORRECTION_CODES[correction])
         step_config["rollout_correction_cap"] = float(cfg.rollout_correction_cap)
-    if cfg.old_logprobs != "recompute" or not micro_batches:
-        return StepNumerics(micro_batches, step_config or None, derive_from_ratio=not local)
-    out_batches: list[list[Any]] = []
+    if cfg.old_logprobs != "recompute" or not any(updates):
+        return StepNumerics(updates, step_config or None, derive_from_ratio=not local)
+    out_updates: list[list[list[TrainingDatum]]] = []
     log_rho, active = [], []
     cut = 0
     with phases("recompute"):
-        for batch in micro_batches:
-            result = trainer.forward([d.datum for d in batch], cfg.loss, loss_config).result()
-            new_batch = []
-            for item, output in zip(batch, result.loss_fn_outputs, strict=True):
-                inputs = item.datum.loss_fn_inputs
-                sampler = inputs["logprobs"].to_numpy().astype(np.float64).reshape(-1)
-                advantages = inputs["advantages"].to_numpy().astype(np.float64).reshape(-1)
-                trained = output["logprobs"].to_numpy().astype(np.float64).reshape(-1)
-                act = advantages != 0
-                lr = np.where(act, trained - sampler, 0.0)
-                log_rho.append(lr)
-                active.append(act)
-                if local:  # the loss applies the correction and measures the mismatch itself
-                    new_batch.append(_with_inputs(item, logprobs=trained, sampler_logprobs=sampler))
-                    continue
-                cap = cfg.rollout_correction_cap
-                (weight,), n_cut = correction_weights([lr], [act], correction, cap)
-                cut += n_cut
-                scaled = advantages * weight
-                new_batch.append(_with_inputs(item, logprobs=trained, advantages=scaled))
-            out_batches.append(new_batch)
+        for micro_batches in updates:
+            out_batches: list[list[TrainingDatum]] = []
+            for batch in micro_batches:
+                result = trainer.forward([d.datum for d in batch], cfg.loss, loss_config).result()
+                new_batch = []
+                for item, output in zip(batch, result.loss_fn_outputs, strict=True):
+                    inputs = item.datum.loss_fn_inputs
+                    sampler = inputs["logprobs"].to_numpy().astype(np.float64).reshape(-1)
+                    advantages = inputs["advantages"].to_numpy().astype(np.float64).reshape(-1)
+                    trained = output["logprobs"].to_numpy().astype(np.float64).reshape(-1)
+                    act = advantages != 0
+                    lr = np.where(act, trained - sampler, 0.0)
+                    log_rho.append(lr)
+                    active.append(act)
+                    if local:  # the loss applies the correction and measures the mismatch
+                        new_batch.append(
+                            _with_inputs(item, logprobs=trained, sampler_logprobs=sampler)
+                        )
+                        continue
+                    cap = cfg.rollout_correction_cap
+                    (weight,), n_cut = correction_weights([lr], [act], correction, cap)
+                    cut += n_cut
+                    scaled = advantages * weight
+                    new_batch.append(_with_inputs(item, logprobs=trained, advantages=scaled))
+                out_batches.append(new_batch)
+            out_updates.append(out_batches)
     metrics: dict[str, float] = {}
     if not local:
         metrics = {f"train/{k}": v for k, v in mismatch_metrics(log_rho, active, low, high).items()}
         if correction != "none":
             tokens = max(int(sum(a.sum() for a in active)), 1)
             metrics["train/correction_fraction"] = cut / tokens
-    return StepNumerics(out_batches, step_config or None, metrics)
+    return StepNumerics(out_updates, step_config or None, metrics)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
-from retool.evaluation import evaluate, load_eval_examples, load_results, prepare_evaluation
-from retool.reward import Scorer, default_checker
+from retool.data import MathExample
+from retool.evaluation import evaluate, load_results, prepare_evaluation
+from retool.reward import EquivalenceChecker, Scorer
 from retool.rollout import ProgressEvent
 from retool.training.faults import crash_point
 from retool.training.session import Session
@@ -26,16 +27,21 @@ class PeriodicEval:
     """The evaluations one run asks for: which steps, which problems, and running one."""
 
     def __init__(
-        self, config: RunConfig, session: Session, sandbox: Sandbox, scorer: Scorer | None
+        self,
+        config: RunConfig,
+        session: Session,
+        sandbox: Sandbox,
+        examples: list[MathExample],
+        scorer: Scorer | None,
+        checker: EquivalenceChecker | None,
     ) -> None:
+        """``examples``: the problems of ``train.eval_every`` (loaded once, by the caller)."""
         cfg = config.train
-        self.config, self.session, self.sandbox, self.scorer = config, session, sandbox, scorer
-        self.checker = None if scorer else default_checker(workers=config.reward.workers)
+        self.config, self.session, self.sandbox = config, session, sandbox
+        self.scorer, self.checker = scorer, checker
         self.every = cfg.eval_every
         self.dataset = cfg.eval_dataset or config.data.dev
-        self.examples = (
-            load_eval_examples(self.dataset, limit=cfg.eval_limit or None) if self.every else []
-        )
+        self.examples = examples
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step > 0 and step % self.every == 0

@@ -4,9 +4,9 @@ A :class:`Session` opens (or resumes) a run: the run directory, the
 training client, the spend ledger, the progress display and the interrupt
 guard. The loops call its phases in order, so each shows in the loop itself:
 
-* :meth:`Session.forward_backward` per micro-batch, merging the trainer's metrics;
-* :meth:`Session.optim_step`, the step's one optimizer step (none when nothing trains);
-  :meth:`Session.update` is both, every call submitted before the first result is
+* :meth:`Session.train`: the step's updates, each an :meth:`Session.update`
+  (``forward_backward`` per micro-batch, then the ``optim_step``; none when
+  nothing trains), every call of an update submitted before the first result is
   awaited (:mod:`retool.training.pipelining`: one round trip per update on a
   remote service, not one per micro-batch);
 * :meth:`Session.checkpoint_if_due`: state and sampler directories, each
@@ -15,9 +15,11 @@ guard. The loops call its phases in order, so each shows in the loop itself:
 * :meth:`Session.add_checkpoint`: the manifest line, the checkpoint's commit point;
 * :meth:`Session.report`: the summary line, ``log.txt`` and the tracker.
 
-From ``optim_step`` to the manifest line the weights and the run directory
-disagree, so the loops run those four inside ``session.guard.critical()``:
-an interrupt there is deferred to its end. A kill between the metrics line
+From the first ``optim_step``'s submission to the manifest line the weights
+and the run directory disagree, so the loops run the updates inside
+``session.guard.deferred_from()`` and pass its ``hold`` down: the
+``forward_backward`` calls before that stay interruptible, and from ``hold()``
+an interrupt is deferred to the block's end. A kill between the metrics line
 and the manifest line leaves a complete step whose checkpoint does not exist
 yet, never a checkpoint without its step. :func:`emergency_checkpoint` saves
 the last completed step on any other exit when the weights are consistent.
@@ -27,10 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from retool.backends import service_client, tunes_numerics
 from retool.backends.cleanup import close_quietly
 from retool.backends.vllm import check_installed, open_policy_sampler
 from retool.config import RunConfig
@@ -42,7 +45,12 @@ from retool.training.datum import TrainingDatum
 from retool.training.display import Display, step_summary
 from retool.training.faults import crash_point
 from retool.training.metrics import merge_trainer_metrics
-from retool.training.numerics import open_service, record_numerics, sampler_numerics
+from retool.training.numerics import (
+    check_supported,
+    read_numerics,
+    record_numerics,
+    sampler_numerics,
+)
 from retool.training.packing import pack_micro_batches, padded_area
 from retool.training.pipelining import submit_update
 from retool.training.provenance import RunInputs, recorded_init_from
@@ -58,6 +66,14 @@ from retool.types import (
 )
 
 Summary = Callable[[int, int, dict[str, float]], str]
+
+
+@dataclass(frozen=True)
+class StepTraining:
+    """What :meth:`Session.train` returns for one RL step."""
+
+    metrics: dict[str, float]  # the step's train/* and optim/* metrics, merged over updates
+    first: dict[str, float]  # the first update's train/* metrics (before any weight changed)
 
 
 @dataclass
@@ -90,6 +106,26 @@ class Phases:
         out = {f"time/{name}_s": value for name, value in self.seconds.items()}
         out["time/step_s"] = sum(self.seconds.values())
         return out
+
+
+def service_options(config: RunConfig) -> dict[str, Any]:
+    """What :func:`~retool.backends.service_client` passes to a backend that picks its
+    dtypes on this host: the run's workload, which ``model.dtype = "auto"`` measures."""
+    if not tunes_numerics(config.model):
+        return {}
+    from retool.backends.local.dtype import Workload  # imports torch: only when used
+
+    return {"workload": Workload.from_config(config)}
+
+
+def open_service(config: RunConfig, run: RunDirectory, resume: bool) -> ServiceClient:
+    """The run's service client; one that picks its dtypes gets the workload and, on
+    resume, the numerics the run recorded (an ``auto`` run keeps its choice)."""
+    check_supported(config)
+    options = service_options(config)
+    if options and resume:
+        options["numerics"] = read_numerics(run.path)
+    return service_client(config.model, checkpoint_root=run.checkpoint_root, **options)
 
 
 def write_checkpoint(trainer: TrainingClient, step: int) -> tuple[str, str]:
@@ -204,7 +240,7 @@ class Session:
         self.sink: Tracker | None = None
         if tracker:
             self.sink = make_tracker(tracker, self.run.path, self.run.path.name, config.to_dict())
-        service = self.service = open_service(config, self.run, resume)  # training/numerics.py
+        service = self.service = open_service(config, self.run, resume)
         self.trainer, self.start, self.state = open_trainer(
             service, config, self.run, resume, init_from
         )
@@ -292,23 +328,6 @@ class Session:
     def pack(self, datums: Sequence[TrainingDatum]) -> list[list[TrainingDatum]]:
         return pack_micro_batches(datums, self.cfg.micro_batch_items, self.cfg.micro_batch_tokens)
 
-    def forward_backward(
-        self,
-        micro_batches: list[list[TrainingDatum]],
-        loss: str,
-        loss_config: dict[str, float] | None,
-        phases: Phases,
-    ) -> dict[str, float]:
-        """``forward_backward`` per micro-batch (gradients accumulate); the update's metrics.
-
-        Every call is submitted before the first is awaited
-        (:mod:`retool.training.pipelining`); no ``optim_step`` is: the caller's
-        :meth:`optim_step` follows. :meth:`update` submits that one too.
-        """
-        with phases("training"):
-            done = submit_update(self.trainer, _datums(micro_batches), loss, loss_config).result()
-        return _update_metrics(micro_batches, done.forward)
-
     def update(
         self,
         step: int,
@@ -316,21 +335,27 @@ class Session:
         loss: str,
         loss_config: dict[str, float] | None,
         phases: Phases,
+        hold: Callable[[], None],
     ) -> tuple[dict[str, float], dict[str, float]]:
-        """One whole update: ``forward_backward`` per micro-batch and the ``optim_step``
+        """One update: ``forward_backward`` per micro-batch and the ``optim_step``
         (none when nothing trains), all submitted before the first result is awaited
         (:mod:`retool.training.pipelining`, which says what a failure then means).
 
-        Returns what :meth:`forward_backward` and :meth:`optim_step` return, in
-        that order. The ``optim_step`` may change the weights before any result
-        is back, so the weights count as ahead of the run directory from its
-        submission: call it inside ``self.guard.critical()``, kept open to the
-        manifest line.
+        Returns the update's ``train/*`` metrics and its ``optim/*`` metrics. The
+        ``optim_step`` may change the weights before any result is back, so
+        ``hold`` (the ``hold`` of :meth:`~retool.interrupts.InterruptGuard.deferred_from`)
+        is called just before it is submitted: from then to the manifest line the
+        weights are ahead of the run directory and a stop signal waits.
         """
         adam = self.adam if micro_batches else None
+
+        def weights_ahead() -> None:
+            hold()
+            self.state.consistent = False  # no emergency checkpoint of these weights
+
         with phases("training"):
             pending = submit_update(
-                self.trainer, _datums(micro_batches), loss, loss_config, adam, self._weights_ahead
+                self.trainer, _datums(micro_batches), loss, loss_config, adam, weights_ahead
             )
             done = pending.result()
         trained = _update_metrics(micro_batches, done.forward)
@@ -339,51 +364,24 @@ class Session:
         crash_point("optim", step)
         return trained, {f"optim/{k}": v for k, v in done.optim.metrics.items()}
 
-    def _weights_ahead(self) -> None:
-        """An ``optim_step`` is about to be submitted: no emergency checkpoint from here."""
-        self.state.consistent = False
-
-    def optim_step(
-        self, step: int, metrics: Mapping[str, float], phases: Phases
-    ) -> dict[str, float]:
-        """One optimizer step, unless ``metrics`` (the update's) say nothing trained; its
-        ``optim/*`` metrics.
-
-        From here to :meth:`commit` the weights are ahead of the run directory:
-        call it inside ``self.guard.critical()``.
-        """
-        if metrics["train/update_skipped"]:
-            return {}
-        self._weights_ahead()
-        with phases("training"):
-            optim = self.trainer.optim_step(self.adam).result()
-        crash_point("optim", step)
-        return {f"optim/{k}": v for k, v in optim.metrics.items()}
-
-    def optimize(
+    def train(
         self,
         step: int,
-        first: dict[str, float],
-        more: list[list[list[TrainingDatum]]],
+        updates: Sequence[list[list[TrainingDatum]]],
         loss: str,
         loss_config: dict[str, float] | None,
         phases: Phases,
-    ) -> dict[str, float]:
-        """The first update's ``optim_step`` (``first``: its :meth:`forward_backward`
-        metrics), then each further :meth:`update` (``train.updates_per_step``,
-        :mod:`retool.training.updates`); the step's metrics.
-
-        From the first ``optim_step`` to :meth:`commit` the weights are ahead of
-        the run directory: call it inside ``self.guard.critical()``, kept open to
-        the manifest line. The first ``forward_backward`` changes no weights, so
-        the caller runs it before that block and a signal there stops at once.
-        """
-        done, optims = [first], [self.optim_step(step, first, phases)]
-        for micro_batches in more:
-            trained, optim = self.update(step, micro_batches, loss, loss_config, phases)
+        hold: Callable[[], None],
+    ) -> StepTraining:
+        """The step's updates (``train.updates_per_step``, :mod:`retool.training.updates`),
+        each an :meth:`update`, in order; the step's merged metrics and the first
+        update's own (the sampler/trainer mismatch is measured before any update)."""
+        done, optims = [], []
+        for micro_batches in updates:
+            trained, optim = self.update(step, micro_batches, loss, loss_config, phases, hold)
             done.append(trained)
             optims.append(optim)
-        return merge_update_metrics(done, optims)
+        return StepTraining(merge_update_metrics(done, optims), done[0] if done else {})
 
     def checkpoint_if_due(self, step: int, phases: Phases) -> tuple[str, str] | None:
         """The state and sampler directories when ``step`` is due (the last, every save_every)."""

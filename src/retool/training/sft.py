@@ -93,12 +93,16 @@ def run_sft(
                 datums = scale_advantages(datums, cfg.loss_aggregation, len(datums))
                 micro_batches = session.pack(datums)
             session.display.advance(len(batch))
-            metrics = session.forward_backward(micro_batches, "cross_entropy", None, phases)
-            metrics["sft/conversations"] = float(len(batch))
             records = [{"id": c.id, "messages": list(c.messages)} for c in batch]
-            tokens = StepTokens(trained=int(metrics["train/tokens"]))
-            with session.guard.critical():
-                metrics.update(session.optim_step(step, metrics, phases))
+            # from the optim_step's submission (hold) to the manifest line a signal waits
+            with session.guard.deferred_from() as hold:
+                metrics, optim = session.update(
+                    step, micro_batches, "cross_entropy", None, phases, hold
+                )
+                hold()
+                metrics["sft/conversations"] = float(len(batch))
+                metrics.update(optim)
+                tokens = StepTokens(trained=int(metrics["train/tokens"]))
                 checkpoint = session.checkpoint_if_due(step, phases)
                 session.commit(step, metrics, phases, records, tokens)
                 session.add_checkpoint(step, checkpoint)

@@ -61,7 +61,7 @@ def test_the_service_gets_every_call_in_order_and_the_serial_metrics(backend, re
         serial.optim_step(ADAM).result()
         fake.calls.clear()
         session = bare_session(service.create_lora_training_client(base, rank=8, seed=3))
-        trained, optim = session.update(1, MICRO_BATCHES, "ppo", CLIP, Phases())
+        trained, optim = session.update(1, MICRO_BATCHES, "ppo", CLIP, Phases(), lambda: None)
     finally:
         service.close()
     assert training_calls(fake, backend) == ["forward_backward"] * 3 + [OPTIM[backend]]
@@ -82,7 +82,7 @@ def test_a_micro_batch_refused_before_any_request_stops_the_update(backend, requ
         session = bare_session(service.create_lora_training_client(base, rank=8, seed=3))
         fake.calls.clear()
         with pytest.raises(BackendError, match="datum 0 has .* tokens, more than"):
-            session.update(1, batches, "ppo", CLIP, Phases())
+            session.update(1, batches, "ppo", CLIP, Phases(), lambda: None)
     finally:
         service.close()
     assert training_calls(fake, backend) == ["forward_backward"]  # no third call, no optim_step
