@@ -16,7 +16,7 @@ from retool.errors import ConfigError
 from retool.training.datum import TrainingDatum
 from retool.training.loop import train
 from retool.training.run_dir import RunDirectory
-from retool.training.updates import merge_update_metrics, regroup, split_updates
+from retool.training.updates import merge_update_metrics, split_updates
 from tests.builders import policy_datum, run_toml
 from tests.training.test_loop import ROOT, final_weights, retool
 
@@ -71,9 +71,6 @@ def test_the_scaled_updates_add_up_to_the_step_objective_times_k():
 def test_split_refuses_nonsense():
     with pytest.raises(ValueError, match=">= 1"):
         split_updates([item(0)], 0, group_size=4)
-    with pytest.raises(ValueError, match="do not split"):
-        regroup([[item(0)]], [2])
-    assert regroup([[item(0)], [item(1)], [item(2)]], [1, 2])[1][1][0].trajectory_index == 2
 
 
 def test_metrics_add_counts_and_keep_the_mismatch_of_the_first_update():

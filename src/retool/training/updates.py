@@ -44,7 +44,7 @@ from retool.training.aggregation import rescale
 from retool.training.datum import TrainingDatum
 from retool.training.metrics import merge_trainer_metrics
 
-__all__ = ["FIRST_UPDATE_ONLY", "merge_update_metrics", "regroup", "split_updates"]
+__all__ = ["FIRST_UPDATE_ONLY", "merge_update_metrics", "split_updates"]
 
 # trainer metrics that describe the sampler/trainer mismatch before any update
 FIRST_UPDATE_ONLY = ("sampler_kl", "sampler_clip_fraction")
@@ -73,19 +73,6 @@ def split_updates(
     for part in parts:
         members = [item for g in part for item in groups[order[int(g)]]]
         out.append(rescale(members, total / len(members)))
-    return out
-
-
-def regroup(
-    flat: Sequence[list[TrainingDatum]], sizes: Sequence[int]
-) -> list[list[list[TrainingDatum]]]:
-    """Micro-batches of all updates, flattened, back into one list per update."""
-    if sum(sizes) != len(flat):
-        raise ValueError(f"{len(flat)} micro-batches do not split into {list(sizes)}")
-    out, start = [], 0
-    for size in sizes:
-        out.append(list(flat[start : start + size]))
-        start += size
     return out
 
 
