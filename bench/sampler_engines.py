@@ -13,7 +13,7 @@ threads, imports or caches help or slow another):
   (``sampler.engine = "vllm"``), weights synced each step by reloading the
   merged weights in place, or by a new ``LoRARequest`` per step;
 * ``server``: ``vllm serve`` on 127.0.0.1, started here on the same cores
-  (:class:`retool.backends.vllm.server.ServerProcess`, from the base model
+  (:class:`vllm_launcher.ServerProcess`, from the base model
   exported as safetensors), the adapter published each step
   (``sampler.urls``, ``sampler.sync = "lora"``).
 
@@ -165,8 +165,8 @@ HEADER = [
 
 def run_server(args: argparse.Namespace, root: Path, out: Path) -> tuple[dict, float | None]:
     """Start ``vllm serve`` from the exported base model, train against it, stop it."""
-    from retool.backends.vllm.server import ServerProcess, server_env
     from retool.backends.vllm.sync import lora_rank_slot
+    from vllm_launcher import ServerProcess, server_env  # this script's folder: sys.path[0]
 
     model_dir, config = export_base(args.config, args.set, root / "base")
     server = ServerProcess(

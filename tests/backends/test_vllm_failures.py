@@ -22,15 +22,13 @@ from pathlib import Path
 import pytest
 
 from retool.backends.vllm import engine as engine_module
+from retool.backends.vllm.endpoints import Endpoint
 from retool.backends.vllm.engine import EngineOptions, VllmPolicySampler, dead_engine
-from retool.backends.vllm.server import (
-    Endpoint,
-    ServerPolicySampler,
-    VllmServers,
-    probe,
-)
+from retool.backends.vllm.server_policy import ServerPolicySampler
+from retool.backends.vllm.servers import VllmServers
 from retool.backends.vllm.sync import export_model
 from retool.cli import main
+from retool.diagnostics.vllm_probe import probe
 from retool.errors import BackendError, ConfigError, SamplerDeadError, StalePolicyError
 from retool.types import Future, ModelInput, SamplingParams, SaveStateOutput
 from tests.backends.fake_vllm import FakeVllm, Tokenizer

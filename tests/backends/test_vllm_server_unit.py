@@ -9,16 +9,13 @@ the adapter publish/retire cycle and the one-line errors. They live outside
 from __future__ import annotations
 
 import pytest
+from bench.vllm_launcher import free_port
 
-from retool.backends.vllm.server import (
-    Endpoint,
-    ServerSamplingClient,
-    VllmServers,
-    free_port,
-    policy_name,
-    probe,
-    prompt_logprobs,
-)
+from retool.backends.vllm.endpoints import Endpoint
+from retool.backends.vllm.server_policy import policy_name
+from retool.backends.vllm.server_sampler import ServerSamplingClient, prompt_logprobs
+from retool.backends.vllm.servers import VllmServers
+from retool.diagnostics.vllm_probe import probe
 from retool.errors import BackendError, ConfigError
 from retool.types import ModelInput, SamplerStop, SamplingParams
 from tests.backends.fake_vllm import FakeVllm, Tokenizer
@@ -211,7 +208,7 @@ class FakeTrainer:
 
 
 def test_policy_sampler_publishes_each_step_once(fake, tmp_path):
-    from retool.backends.vllm.server import ServerPolicySampler
+    from retool.backends.vllm.server_policy import ServerPolicySampler
 
     trainer = FakeTrainer(tmp_path)
     sampler = ServerPolicySampler(trainer, VllmServers([fake.url]))
@@ -256,7 +253,7 @@ def test_server_mode_config_needs_lora_sync():
 
 
 def test_a_server_that_exits_at_start_is_one_line(tmp_path):
-    from retool.backends.vllm.server import ServerProcess, server_command, server_env
+    from bench.vllm_launcher import ServerProcess, server_command, server_env
 
     argv = server_command("/models/m", 8123, max_lora_rank=16, kv_cache_gb=0.5)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]

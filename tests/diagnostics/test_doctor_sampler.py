@@ -39,7 +39,7 @@ def test_installed_vllm_names_version_device_dtype_and_lora(monkeypatch):
 
 
 def test_each_url_is_probed(monkeypatch):
-    from retool.backends.vllm.server import free_port
+    from bench.vllm_launcher import free_port
 
     fake = FakeVllm()
     dead = f"http://127.0.0.1:{free_port()}"

