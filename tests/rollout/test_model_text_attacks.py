@@ -315,16 +315,16 @@ def test_a_built_in_reward_that_raises_on_one_answer_scores_it_minus_one(
     """Any exception of the built-in reward on one answer (a bug the text found) is that
     answer's -1, counted; a custom scorer's exception still stops the batch
     (test_scheduler), since a custom reward is configuration."""
-    from retool.rollout import scheduler
+    from retool.rollout import scoring
 
-    original = scheduler.score_answer
+    original = scoring.score_answer
 
     def fragile(text, *args):
         if TAG in text:
             raise RecursionError("maximum recursion depth exceeded")
         return original(text, *args)
 
-    monkeypatch.setattr(scheduler, "score_answer", fragile)
+    monkeypatch.setattr(scoring, "score_answer", fragile)
     result = rollout(smol_tokenizer, lambda call: f"{TAG} \\boxed{{1024}}", checker=checker)
     trajectory = attacked(result, baseline(smol_tokenizer, checker))
     assert trajectory.stop_reason == StopReason.ANSWER and not trajectory.excluded

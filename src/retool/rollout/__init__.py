@@ -6,9 +6,13 @@ returns ``len(examples) * config.group_size`` :class:`Trajectory` objects in
 observations, a ``stop_reason``, a reward and a group-centred advantage.
 
 Modules: ``types`` (the values), ``scheduler`` (the state machine and its
-barrier-free scheduler), ``budget`` (turn budgets and exact observation
-fitting), ``seeds`` (per-request sampling seeds), ``advantages`` (group
-centring), ``result`` (the batch result and its metrics).
+barrier-free scheduler), ``sampling`` (sampler requests: bounded, checked,
+retried), ``tools`` (sandbox calls: bounded, retried, shared, judged on
+evidence), ``retry`` (the one retry loop both use), ``scoring`` (the reward of
+a final text, and its failures), ``dynamic_sampling`` (which reserve questions
+run), ``budget`` (turn budgets and exact observation fitting), ``seeds``
+(per-request sampling seeds), ``advantages`` (group centring), ``result`` (the
+batch result and its metrics), ``sync`` (the synchronous twins).
 """
 
 from retool.config import RolloutConfig

@@ -23,11 +23,13 @@ order. Rewards are scored as each trajectory ends (in a thread, overlapping
 the others' sampling); advantages only once every trajectory has ended.
 
 Infrastructure failures are not the model's fault and do not abort the batch:
-a sampler call that raises or replies malformed, and a sandbox call that
-raises or reports a sandbox failure, are retried with exponential backoff;
-a trajectory that still fails ends as ``sampler_error`` / ``sandbox_error``
-and is excluded. A traceback or timeout of the model's own code is an
-observation like any other output.
+a sampler call that raises or replies malformed (:mod:`retool.rollout.sampling`),
+and a sandbox call that raises or reports a sandbox failure
+(:mod:`retool.rollout.tools`), are retried with exponential backoff; a
+trajectory that still fails ends as ``sampler_error`` / ``sandbox_error`` and
+is excluded, or as ``sandbox_unreported`` (scored, trained) when its code may
+have run. A traceback or timeout of the model's own code is an observation
+like any other output.
 
 Model text is data. Whatever the model writes (its turns, and what its code
 prints into observations) may make handling it raise: a parse, the chat
@@ -38,34 +40,15 @@ in ``Trajectory.error``. Whether the template can continue a conversation at
 all is probed once per batch on text that is not the model's (the first
 question and an empty observation, when the tool reserve is measured): a
 template that rewrites history still stops the batch there, with one line. The
-built-in reward never raises on an answer either: a check that cannot be made
-(its worker died at its memory limit, or scoring raised) scores -1 and counts
-in ``rollout/reward_failures``. A custom ``scorer`` is configuration, not model
-text: an exception from it (a reward service that went away) stops the batch,
-so a function that cannot score some text must return -1 itself.
+built-in reward never raises on an answer either (:mod:`retool.rollout.scoring`):
+a check that cannot be made scores -1 and counts in ``rollout/reward_failures``.
+A custom ``scorer`` is configuration, not model text: an exception from it (a
+reward service that went away) stops the batch.
 
-Exclusion is a reward channel (an excluded -1 becomes 0), so a sandbox failure
-excludes only on evidence the code cannot produce: the sandbox saw that the
-code never ran (``ExecResult.delivered`` is False: not delivered, or the call's
-set-up failed before any code, as its init observed). When any attempt's code
-was delivered and may have run (a handler or server that died mid-call, which
-the code could have caused), every attempt failing is that trajectory's
-failure: it ends as ``sandbox_unreported``, is scored (no answer: -1) and
-trains like any other, and ``rollout/sandbox_unreported`` counts it.
-
-Dynamic sampling (``rollout.dynamic_sampling``, DAPO's filter): the caller
-passes ``reserve``, extra questions in a fixed order. Each time a group ends
-uninformative (every included member scored alike, or fewer than two
-included), the next reserve question starts at once, in the next slot, while
-the other groups run on: no round barrier here either. Which extras run does
-not depend on timing: with ``Q`` batch questions, every uninformative group
-found starts one extra, so at the end ``Q + uninformative = slots`` and the
-last slot is informative; the slots are therefore the shortest prefix of
-``batch + reserve`` that holds ``Q`` informative groups (or all of it), a
-function of the groups' outcomes, which their seeds decide. Uninformative
-groups get advantage 0 and do not train (``RolloutResult.filtering``). A
-resumed step reuses journaled groups of reserve slots like any other, and the
-same rule gives the same slots.
+Dynamic sampling (``rollout.dynamic_sampling``) starts a reserve question each
+time a group ends uninformative, in the next slot, while the others run on;
+which extras run depends on the groups' outcomes only
+(:mod:`retool.rollout.dynamic_sampling`).
 
 Nothing here knows which backend it talks to: the sampler is anything with
 ``sample_async(ModelInput, num_samples, SamplingParams)``, the sandbox
@@ -84,65 +67,33 @@ from typing import Any
 
 from retool.config import RolloutConfig
 from retool.data.examples import MathExample
-from retool.errors import ConfigError, RetoolError, StalePolicyError
+from retool.errors import ConfigError
 from retool.protocol import ParseKind, get_protocol
-from retool.reward import WRONG_REWARD, EquivalenceChecker, RewardResult, Scorer, score_answer
+from retool.reward import WRONG_REWARD, EquivalenceChecker, RewardResult, Scorer
 from retool.reward.arguments import check_timeout
 from retool.rollout.advantages import assign_group_advantages
 from retool.rollout.budget import TurnPlan, fit_observation, plan_turn, wrapper_tokens
-from retool.rollout.result import RolloutCounters, RolloutResult, informative
+from retool.rollout.dynamic_sampling import Refill, zero_uninformative
+from retool.rollout.result import RolloutCounters, RolloutResult
+from retool.rollout.sampling import Sampled, Sampler
+from retool.rollout.scoring import Scoring
 from retool.rollout.seeds import FIRST_TURN_GROUP, sample_seed
 from retool.rollout.sync import synchronous
+from retool.rollout.tools import CodeRunner
 from retool.rollout.types import (
-    AssistantTurn,
     Observation,
     ProgressCallback,
     ProgressEvent,
     StopReason,
     Trajectory,
 )
-from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
-from retool.types import (
-    ModelInput,
-    SampledSequence,
-    SamplerStop,
-    SamplingClient,
-    SamplingParams,
-    Sandbox,
-)
+from retool.sandbox.result import ErrorKind, format_tool_content
+from retool.types import SamplerStop, SamplingClient, Sandbox
 
 log = logging.getLogger(__name__)
 
-
-class _WeightedSemaphore:
-    """An asyncio semaphore whose holders take several units at once."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._free = capacity
-        self._changed = asyncio.Condition()
-
-    async def acquire(self, units: int) -> int:
-        units = min(units, self.capacity)  # a request larger than the cap runs alone
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._free >= units)
-            self._free -= units
-        return units
-
-    async def release(self, units: int) -> None:
-        async with self._changed:
-            self._free += units
-            self._changed.notify_all()
-
-
-@dataclass(frozen=True)
-class _Sampled:
-    """A sampler reply read and checked: the tokens win over the text."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    text: str
-    stop: str
+# A text_error trajectory's reward: -1 without scoring, not a reward failure.
+_UNSCORED = RewardResult(WRONG_REWARD, correct=False, valid_format=False, answer=None)
 
 
 def check_context_limit(config: RolloutConfig, limit: int | None, source: str) -> None:
@@ -154,56 +105,64 @@ def check_context_limit(config: RolloutConfig, limit: int | None, source: str) -
         )
 
 
+@dataclass(frozen=True)
+class _Engines:
+    """What a batch samples with and runs code in (``sandbox=None``: text only)."""
+
+    client: SamplingClient
+    tokenizer: Any
+    sandbox: Sandbox | None
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What a batch rolls out: its questions, the reserve behind them (dynamic
+    sampling), the slots a resumed step reuses, and the step the seeds derive from."""
+
+    examples: tuple[MathExample, ...]
+    reserve: tuple[MathExample, ...]
+    reuse: Mapping[int, Sequence[Trajectory]]
+    step: int
+
+
 class _Batch:
     """State shared by the tasks of one batch."""
 
     def __init__(
         self,
-        sampling_client: SamplingClient,
-        tokenizer: Any,
-        sandbox: Sandbox | None,
-        examples: Sequence[MathExample],
+        engines: _Engines,
+        work: _Work,
         config: RolloutConfig,
-        step: int,
+        scoring: Scoring,
         progress: ProgressCallback | None,
-        checker: EquivalenceChecker | None,
-        reward_timeout: float,
-        reuse: Mapping[int, Sequence[Trajectory]],
-        scorer: Scorer | None,
-        reserve: Sequence[MathExample],
     ) -> None:
-        self.reuse = reuse
-        self.filtering = config.dynamic_sampling
-        self.reserve = list(reserve) if config.dynamic_sampling else []
-        self.wanted = len(examples)  # informative groups the caller asked for
-        self.ended: dict[int, int] = {}  # trajectories ended (scored) per question slot
-        self.questions: list[asyncio.Task[None]] = []
-        self.scorer = scorer
-        self.client = sampling_client
-        # the weights the step must sample with (a vLLM sampler says; None: not checked)
-        self.policy_version: str | None = getattr(sampling_client, "policy_version", None)
-        self.tokenizer = tokenizer
-        self.sandbox = sandbox
-        self.examples = list(examples)
+        self.work = work
         self.config = config
-        self.step = step
+        self.scoring = scoring
         self.progress = progress
-        self.checker = checker
-        self.reward_timeout = reward_timeout
+        self.tokenizer = engines.tokenizer
         self.dialect = get_protocol(config.protocol)
-        self.stop = self.dialect.stop_sequences(tokenizer)
+        self.counters = RolloutCounters()
+        stop = self.dialect.stop_sequences(engines.tokenizer)
+        self.sampler = Sampler(
+            engines.client, engines.tokenizer, config, stop, work.step, self.counters
+        )
+        self.sandbox = engines.sandbox
+        self.tools = (
+            CodeRunner(self.sandbox, config, self.counters) if self.sandbox is not None else None
+        )
+        self.tool_timeout = self.sandbox.timeout if self.sandbox is not None else None
+        self.refill = Refill(config.dynamic_sampling, work.reserve)
+        self.examples = list(work.examples)  # grows by the reserve questions drawn
         self.group_size = config.group_size
         self.total = len(self.examples) * self.group_size
         self.trajectories: list[Trajectory | None] = [None] * self.total
         self.finished = 0
-        self.counters = RolloutCounters()
-        self.sample_slots = _WeightedSemaphore(config.max_in_flight_samples)
-        self.tool_slots = asyncio.Semaphore(config.max_in_flight_tools)
-        self.shared_code: dict[tuple[int, str], asyncio.Task[tuple[ExecResult | None, int]]] = {}
-        self.tool_timeout = sandbox.timeout if sandbox is not None else None
+        self.ended: dict[int, int] = {}  # trajectories ended (scored) per question slot
+        self.questions: list[asyncio.Task[None]] = []
+        self.scoring_tasks: list[asyncio.Task[None]] = []
         self.reserved_tokens: int | None = None  # wrapper + minimum observation, measured once
         self.started = time.monotonic()
-        self.scoring: list[asyncio.Task[None]] = []
 
     # -- budgets -----------------------------------------------------------------
     def _reserve(self, messages: list[dict[str, Any]]) -> int:
@@ -231,155 +190,31 @@ class _Batch:
             reserve=self._reserve(trajectory.messages) if call_possible else 0,
         )
 
-    # -- sampling ----------------------------------------------------------------
-    def params(self, max_tokens: int, seed: int) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            seed=seed,
-            stop=self.stop,
-        )
-
-    def read(self, sequence: SampledSequence) -> _Sampled:
-        produced = getattr(sequence, "policy_version", None)
-        if self.policy_version is not None and produced != self.policy_version:
-            raise StalePolicyError(
-                f"step {self.step}: a sample came from weights {produced!r}, the step's policy "
-                f"is {self.policy_version!r}: the sampler's weight sync did not apply; "
-                "nothing of this step was trained (check the [sampler] settings and the log)"
-            )
-        tokens = [int(t) for t in sequence.tokens]
-        logprobs = [float(v) for v in sequence.logprobs]
-        if len(tokens) != len(logprobs):
-            raise ValueError(f"sampler returned {len(tokens)} tokens but {len(logprobs)} logprobs")
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if sequence.text is None:
-            self.counters.text_missing += 1
-        elif sequence.text != text:
-            self.counters.text_mismatches += 1
-        stop = str(getattr(sequence, "stop_reason", "") or "")
-        return _Sampled(tokens, logprobs, text, stop)
-
-    async def sample(
-        self, trajectory: Trajectory | None, prompt: list[int], num_samples: int, seed: int, n: int
-    ) -> tuple[list[_Sampled] | None, str | None, float]:
-        """Sample with retries; ``(None, error, seconds)`` when every attempt failed."""
-        attempts = 1 + self.config.sample_retries
-        error: str | None = None
-        started = time.monotonic()
-        for attempt in range(attempts):
-            if attempt:
-                self.counters.sample_retries += 1
-                if trajectory is not None:
-                    trajectory.sample_retries += 1
-                await asyncio.sleep(self.config.retry_backoff * 2 ** (attempt - 1))
-            units = await self.sample_slots.acquire(num_samples)
-            try:
-                self.counters.sample_requests += 1
-                response = await self.client.sample_async(
-                    ModelInput.from_ints(prompt), num_samples, self.params(n, seed)
-                )
-                sequences = list(response.sequences)
-                if len(sequences) != num_samples:
-                    raise ValueError(
-                        f"asked for {num_samples} samples, the sampler returned {len(sequences)}"
-                    )
-                read = [self.read(s) for s in sequences]
-                return read, None, time.monotonic() - started
-            except (asyncio.CancelledError, StalePolicyError):
-                raise  # a stale sampler stays stale: retrying would train on the wrong policy
-            except Exception as exc:  # infrastructure: retry, then fail this trajectory only
-                error = f"{type(exc).__name__}: {exc}"
-                log.warning("sampler call failed (attempt %d/%d): %s", attempt + 1, attempts, error)
-            finally:
-                await self.sample_slots.release(units)
-        self.counters.sampler_failures += 1
-        return None, error, time.monotonic() - started
-
-    # -- tools -------------------------------------------------------------------
-    async def _run_code(self, code: str, trajectory: Trajectory) -> tuple[ExecResult | None, int]:
-        """The result and the attempts made. ``None``: every attempt failed and the
-        sandbox saw the code never run (exclude); a ``SANDBOX`` result: every
-        attempt failed and one may have run (the trajectory's failure)."""
-        sandbox = self.sandbox
-        assert sandbox is not None, "code runs only in tool mode, which has a sandbox"
-        attempts = 1 + self.config.sandbox_retries
-        may_have_run: ExecResult | None = None
-        for attempt in range(attempts):
-            if attempt:
-                self.counters.sandbox_retries += 1
-                trajectory.sandbox_retries += 1
-                await asyncio.sleep(self.config.retry_backoff * 2 ** (attempt - 1))
-            try:
-                async with self.tool_slots:
-                    self.counters.tool_executions += 1
-                    result = await sandbox.arun(code)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                trajectory.error = f"{type(exc).__name__}: {exc}"
-            else:
-                if result.error_kind != ErrorKind.SANDBOX:
-                    return result, attempt + 1
-                trajectory.error = f"sandbox failure: {result.stderr.strip()[:200]}"
-                if result.delivered:
-                    may_have_run = result
-            log.warning(
-                "sandbox call failed (attempt %d/%d): %s", attempt + 1, attempts, trajectory.error
-            )
-        if may_have_run is not None:
-            self.counters.sandbox_unreported += 1
-            return may_have_run, attempts
-        self.counters.sandbox_failures += 1
-        return None, attempts
-
-    async def execute(
-        self, trajectory: Trajectory, code: str
-    ) -> tuple[ExecResult | None, int, bool]:
-        """Run ``code`` (or reuse identical code of the same group): result, attempts, shared."""
-        if not self.config.share_identical_code:
-            result, attempts = await self._run_code(code, trajectory)
-            return result, attempts, False
-        key = (trajectory.question_index, code)
-        task = self.shared_code.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._run_code(code, trajectory))
-            self.shared_code[key] = task
-            result, attempts = await asyncio.shield(task)
-            return result, attempts, False
-        result, _ = await asyncio.shield(task)
-        if result is None or result.error_kind == ErrorKind.SANDBOX:  # never share a failure
-            result, attempts = await self._run_code(code, trajectory)
-            return result, attempts, False
-        self.counters.shared_code_hits += 1
-        return result, 0, True
-
     # -- ending ------------------------------------------------------------------
     def end(self, trajectory: Trajectory, reason: StopReason) -> None:
         """Mark it ended; score it (unless excluded), then report it to ``progress``."""
         trajectory.stop_reason = reason
         trajectory.ended_s = time.monotonic() - self.started
-        self.scoring.append(asyncio.ensure_future(self.finish(trajectory)))
+        self.scoring_tasks.append(asyncio.ensure_future(self.finish(trajectory)))
 
     def end_on_text_error(self, trajectory: Trajectory, stage: str, exc: Exception) -> None:
         """End ``trajectory`` as ``text_error``: handling its own text raised at ``stage``."""
+        self.record_error(trajectory, stage, exc, f"the trajectory ends as {StopReason.TEXT_ERROR}")
+        self.end(trajectory, StopReason.TEXT_ERROR)
+
+    def record_error(self, trajectory: Trajectory, stage: str, exc: Exception, then: str) -> None:
         trajectory.error = f"{stage}: {type(exc).__name__}: {str(exc)[:300]}"
         log.warning(
-            "question %d, member %d: %s; the trajectory ends as %s",
+            "question %d, member %d: %s; %s",
             trajectory.question_index,
             trajectory.group_index,
             trajectory.error,
-            StopReason.TEXT_ERROR,
+            then,
         )
-        self.end(trajectory, StopReason.TEXT_ERROR)
 
     async def finish(self, trajectory: Trajectory) -> None:
         if trajectory.stop_reason == StopReason.TEXT_ERROR:
-            self.assign(
-                trajectory,
-                RewardResult(WRONG_REWARD, correct=False, valid_format=False, answer=None),
-            )
+            self.assign(trajectory, _UNSCORED)
         elif not trajectory.excluded:
             await self.score(trajectory)
         assert trajectory.stop_reason is not None
@@ -389,22 +224,35 @@ class _Batch:
         if self.ended[slot] == self.group_size:
             self.group_ended(slot)
 
-    # -- dynamic sampling ----------------------------------------------------------
+    async def score(self, trajectory: Trajectory) -> None:
+        """Score the final text (see :mod:`retool.rollout.scoring`)."""
+        result, error = await self.scoring.score(trajectory.final_text, trajectory.example.answer)
+        if error is not None:
+            self.record_error(trajectory, "reward", error, f"scored {WRONG_REWARD:+.0f}")
+        self.assign(trajectory, result)
+
+    def assign(self, trajectory: Trajectory, result: RewardResult) -> None:
+        trajectory.reward = result.reward
+        trajectory.correct = result.correct
+        trajectory.valid_format = result.valid_format
+        trajectory.answer = result.answer
+        self.counters.reward_timeouts += result.timed_out
+        self.counters.reward_failures += result.failed
+
     def start_question(self, slot: int, example: MathExample) -> None:
         self.questions.append(asyncio.ensure_future(self.run_question(slot, example)))
 
     def group_ended(self, slot: int) -> None:
-        """Every member of ``slot`` ended and is scored: an uninformative group, with
-        dynamic sampling, starts the next reserve question (see the module docstring)."""
-        if not self.filtering:
+        """Every member of ``slot`` ended and is scored: with dynamic sampling, an
+        uninformative group starts the next reserve question."""
+        if not self.refill.enabled:
             return
         group = self.trajectories[slot * self.group_size : (slot + 1) * self.group_size]
         members = [t for t in group if t is not None]
         assert len(members) == self.group_size, "a whole group has ended"
-        drawn = len(self.examples) - self.wanted
-        if informative(members) or drawn >= len(self.reserve):
+        example = self.refill.replacement(members)
+        if example is None:
             return
-        example = self.reserve[drawn]
         self.examples.append(example)
         self.trajectories.extend([None] * self.group_size)
         self.total += self.group_size
@@ -424,74 +272,12 @@ class _Batch:
             log.exception("the rollout progress callback failed; progress reports stopped")
             self.progress = None
 
-    async def score(self, trajectory: Trajectory) -> None:
-        """The reward of the final text. A custom scorer's exception stops the batch (it
-        is configuration); the built-in reward's scores -1 (see the module docstring)."""
-        if self.scorer is not None:
-            result = await asyncio.to_thread(
-                self.scorer, trajectory.final_text, trajectory.example.answer
-            )
-            return self.assign(trajectory, result)
-        try:
-            result = await asyncio.to_thread(
-                score_answer,
-                trajectory.final_text,
-                trajectory.example.answer,
-                self.reward_timeout,
-                self.checker,
-            )
-        except RetoolError:
-            raise  # a setting or a reference answer, not the model's text
-        except Exception as exc:
-            trajectory.error = f"reward: {type(exc).__name__}: {str(exc)[:300]}"
-            log.warning(
-                "question %d, member %d: %s; scored %+.0f",
-                trajectory.question_index,
-                trajectory.group_index,
-                trajectory.error,
-                WRONG_REWARD,
-            )
-            result = RewardResult(
-                WRONG_REWARD, correct=False, valid_format=False, answer=None, failed=True
-            )
-        self.assign(trajectory, result)
-
-    def assign(self, trajectory: Trajectory, result: RewardResult) -> None:
-        trajectory.reward = result.reward
-        trajectory.correct = result.correct
-        trajectory.valid_format = result.valid_format
-        trajectory.answer = result.answer
-        self.counters.reward_timeouts += result.timed_out
-        self.counters.reward_failures += result.failed
-
     # -- the state machine -------------------------------------------------------
-    def record(
-        self,
-        trajectory: Trajectory,
-        prompt: list[int],
-        sampled: _Sampled,
-        plan: TurnPlan,
-        seed: int,
-        seconds: float,
-    ) -> AssistantTurn:
-        turn = AssistantTurn(
-            prompt_tokens=prompt,
-            completion_tokens=sampled.tokens,
-            logprobs=sampled.logprobs,
-            text=sampled.text,
-            sampler_stop=sampled.stop,
-            max_tokens=plan.max_tokens,
-            seed=seed,
-            sample_seconds=seconds,
-        )
-        trajectory.turns.append(turn)  # recorded before parsing: invalid actions too
-        self.counters.sampled_tokens += len(sampled.tokens)
-        return turn
-
     async def run_question(self, question_index: int, example: MathExample) -> None:
         group = self.group_size
-        if question_index in self.reuse:  # finished before a resume: not sampled again
-            for g, trajectory in enumerate(self.reuse[question_index]):
+        reuse = self.work.reuse
+        if question_index in reuse:  # finished before a resume: not sampled again
+            for g, trajectory in enumerate(reuse[question_index]):
                 self.trajectories[question_index * group + g] = trajectory
                 assert trajectory.stop_reason is not None
                 self.notify(trajectory, trajectory.stop_reason, 1, reused=True)
@@ -505,7 +291,7 @@ class _Batch:
             group_index=0,
             messages=messages,
             question_index=question_index,
-            policy_version=self.step,
+            policy_version=self.work.step,
         )
         prompt = self.dialect.render_prompt(self.tokenizer, messages)
         plan = self.plan(root, len(prompt))
@@ -524,8 +310,10 @@ class _Batch:
             self.notify(None, StopReason.PROMPT_TOO_LONG, group)
             self.group_ended(question_index)
             return
-        seed = sample_seed(self.config.seed, self.step, question_index, FIRST_TURN_GROUP, 0)
-        sampled, error, seconds = await self.sample(None, prompt, group, seed, plan.max_tokens)
+        seed = sample_seed(self.config.seed, self.work.step, question_index, FIRST_TURN_GROUP, 0)
+        sampled, error, seconds = await self.sampler.sample(
+            None, prompt, group, seed, plan.max_tokens
+        )
         branches = []
         for g, slot in enumerate(slots):
             branch = copy.deepcopy(root)
@@ -550,14 +338,16 @@ class _Batch:
         self,
         trajectory: Trajectory,
         prompt: list[int],
-        sampled: _Sampled,
+        sampled: Sampled,
         plan: TurnPlan,
         seed: int,
         seconds: float,
     ) -> None:
         config = self.config
         while True:
-            turn = self.record(trajectory, prompt, sampled, plan, seed, seconds)
+            turn = sampled.turn(prompt, plan.max_tokens, seed, seconds)
+            trajectory.turns.append(turn)  # recorded before parsing: invalid actions too
+            self.counters.sampled_tokens += len(sampled.tokens)
             trajectory.final_text = turn.text  # the last assistant text is what is scored
             try:
                 parsed = self.dialect.parse(turn.text)
@@ -581,7 +371,7 @@ class _Batch:
                     reason = StopReason.INVALID
                 return self.end(trajectory, reason)
             stop = None
-            if self.sandbox is None or trajectory.code_calls >= config.max_code_calls:
+            if self.tools is None or trajectory.code_calls >= config.max_code_calls:
                 stop = StopReason.MAX_CODE_CALLS
             elif len(trajectory.turns) >= config.max_assistant_turns:
                 stop = StopReason.MAX_TURNS
@@ -597,7 +387,8 @@ class _Batch:
                 f"code-{trajectory.question_index}-{trajectory.group_index}-"
                 f"{trajectory.code_calls + 1}"
             )
-            result, attempts, shared = await self.execute(trajectory, parsed.code)
+            assert self.tools is not None, "a tool mode call (else max_code_calls ended it)"
+            result, attempts, shared = await self.tools.execute(trajectory, parsed.code)
             if result is None:
                 return self.end(trajectory, StopReason.SANDBOX_ERROR)
             if result.error_kind == ErrorKind.SANDBOX:  # it may have run: its own failure
@@ -661,12 +452,12 @@ class _Batch:
             plan = next_plan
             seed = sample_seed(
                 config.seed,
-                self.step,
+                self.work.step,
                 trajectory.question_index,
                 trajectory.group_index,
                 len(trajectory.turns),
             )
-            replies, error, seconds = await self.sample(
+            replies, error, seconds = await self.sampler.sample(
                 trajectory, prompt, 1, seed, plan.max_tokens
             )
             if replies is None:
@@ -680,18 +471,19 @@ class _Batch:
         A group that ends may start a reserve question, and every ended trajectory
         starts a scoring task, so the task lists grow while we wait. Each pass awaits
         *all* tasks started so far, done or not: a task that already failed (a reward
-        function that raised) re-raises here instead of being dropped as "never
+        setting that raised) re-raises here instead of being dropped as "never
         retrieved" and its step trained without it. On the first failure the rest
         are cancelled, so nothing keeps sampling for a batch that is abandoned.
         """
         awaited = 0
-        while awaited < len(self.questions) + len(self.scoring):
-            tasks = [*self.questions, *self.scoring]
+        while awaited < len(self.questions) + len(self.scoring_tasks):
+            tasks = [*self.questions, *self.scoring_tasks]
             awaited = len(tasks)
             try:
                 await asyncio.gather(*tasks)
             except BaseException:
-                started = (*self.questions, *self.scoring, *self.shared_code.values())
+                shared = self.tools.shared.values() if self.tools is not None else ()
+                started = (*self.questions, *self.scoring_tasks, *shared)
                 for task in started:
                     task.cancel()
                 await asyncio.gather(*started, return_exceptions=True)
@@ -706,12 +498,9 @@ class _Batch:
         trajectories = [t for t in self.trajectories if t is not None]
         assert len(trajectories) == self.total, "every slot gets a trajectory"
         assign_group_advantages(trajectories, self.config.advantage)
-        if self.filtering:  # exactly 0: equal rewards can centre to a rounding residue
-            for slot in range(len(self.examples)):
-                members = trajectories[slot * self.group_size : (slot + 1) * self.group_size]
-                if not informative(members):
-                    for trajectory in members:
-                        trajectory.advantage = 0.0
+        if self.refill.enabled:
+            g = self.group_size
+            zero_uninformative([trajectories[i : i + g] for i in range(0, len(trajectories), g)])
         window = self.sandbox.stats.snapshot_and_reset() if self.sandbox is not None else {}
         return RolloutResult(
             trajectories=trajectories,
@@ -720,8 +509,8 @@ class _Batch:
             wall_seconds=time.monotonic() - self.started,
             counters=self.counters,
             sandbox=dict(window),
-            filtering=self.filtering,
-            extra_questions=len(self.examples) - self.wanted,
+            filtering=self.refill.enabled,
+            extra_questions=self.refill.drawn,
         )
 
 
@@ -773,18 +562,11 @@ async def rollout_batch_async(
     check_context_limit(config, sampling_client.max_context_tokens, "the sampler")
     check_context_limit(config, context_limit, "the trainer")
     batch = _Batch(
-        sampling_client,
-        tokenizer,
-        sandbox,
-        examples,
+        _Engines(sampling_client, tokenizer, sandbox),
+        _Work(tuple(examples), tuple(reserve), reuse, step),
         config,
-        step,
+        Scoring(scorer, checker, reward_timeout),
         progress,
-        checker,
-        reward_timeout,
-        reuse,
-        scorer,
-        reserve,
     )
     return await batch.run()
 

@@ -124,7 +124,7 @@ class Trajectory:
     answer: str | None = None  # content of that box
     advantage: float = 0.0  # group-centred reward; 0 for excluded trajectories
     stop_reason: StopReason | None = None  # why it ended; set on every ended trajectory
-    error: str | None = None  # the last infrastructure or text error, for *_error stops
+    error: str | None = None  # the last infrastructure, text or reward error
     policy_version: int = 0  # training step whose weights sampled it
     sample_retries: int = 0  # sampler calls retried for this trajectory
     sandbox_retries: int = 0  # sandbox calls retried for this trajectory
