@@ -15,7 +15,7 @@ from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
 from retool.types import SamplingClient, ServiceClient
 
-if TYPE_CHECKING:  # config imports the limits of backends.pytrio / .tinker: types only here
+if TYPE_CHECKING:  # config sits a floor above the backends: annotations only
     from retool.config import ModelConfig
 
 

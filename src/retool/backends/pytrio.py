@@ -48,14 +48,12 @@ from retool.backends.remote.clients import (
 )
 from retool.backends.remote.futures import translate
 from retool.backends.remote.samples import our_tensor, split_stops
-from retool.errors import BackendError, ConfigError, RetoolError, require
+from retool.errors import BackendError, RetoolError, require
+from retool.limits import PYTRIO_LORA_RANKS, check_pytrio_rank
 from retool.types import AdamParams, ModelInput, SampleResponse, SamplingParams, TensorData
 
 BACKEND = "pytrio"
 EXTRA = "pytrio"
-# pytrio/client/service.py: ServiceClient._create_lora_training_client refuses
-# `rank not in range(4, 65)` before any request.
-LORA_RANKS = range(4, 65)
 API_KEY_VARIABLE = "PYTRIO_API_KEY"  # pytrio/config/environment.py: EnvironmentVariable
 LOGIN_COMMAND = "trio login"
 
@@ -63,14 +61,6 @@ LOGIN_COMMAND = "trio login"
 def sdk() -> Any:
     """The ``pytrio`` package, or a :class:`DependencyError` naming the extra."""
     return require("pytrio", EXTRA)
-
-
-def check_rank(rank: int) -> None:
-    if rank not in LORA_RANKS:
-        raise ConfigError(
-            f"model.lora_rank must be in [{LORA_RANKS.start}, {LORA_RANKS.stop - 1}] on pytrio "
-            f"(a LoRA rank the service accepts), got {rank}"
-        )
 
 
 def check_credentials() -> None:
@@ -236,10 +226,10 @@ class PytrioServiceClient(RemoteServiceClient):
         return sdk().ServiceClient(api_key=late.strip() if late else None)
 
     def check_rank(self, rank: int) -> None:
-        check_rank(rank)
+        check_pytrio_rank(rank)
 
     def rank_rule(self) -> str:
-        return f"{LORA_RANKS.start} to {LORA_RANKS.stop - 1}"
+        return f"{PYTRIO_LORA_RANKS.start} to {PYTRIO_LORA_RANKS.stop - 1}"
 
     def _sdk_lora(self, base_model: str, rank: int, seed: int | None) -> Any:
         return self.sdk.create_lora_training_client(base_model=base_model, rank=rank, seed=seed)

@@ -48,7 +48,8 @@ from retool.backends.remote.clients import (
 )
 from retool.backends.remote.futures import call
 from retool.backends.remote.samples import our_tensor, split_stops
-from retool.errors import BackendError, ConfigError, require
+from retool.errors import BackendError, require
+from retool.limits import TINKER_MIN_LORA_RANK, check_tinker_rank
 from retool.types import (
     AdamParams,
     Future,
@@ -74,12 +75,6 @@ CAPABILITIES_TIMEOUT = 60.0  # seconds to wait for the server's model list
 def sdk() -> Any:
     """The ``tinker`` package, or a :class:`DependencyError` naming the extra."""
     return require("tinker", EXTRA)
-
-
-def check_rank(rank: int) -> None:
-    # tinker/types/lora_config.py states no bound; the service refuses what it cannot serve.
-    if rank < 1:
-        raise ConfigError(f"model.lora_rank must be >= 1 on tinker (LoRA only), got {rank}")
 
 
 def check_credentials() -> None:
@@ -232,10 +227,10 @@ class TinkerServiceClient(RemoteServiceClient):
             call(lambda: self._sdk.close("success").result(), BACKEND, "close")
 
     def check_rank(self, rank: int) -> None:
-        check_rank(rank)
+        check_tinker_rank(rank)
 
     def rank_rule(self) -> str:
-        return ">= 1"
+        return f">= {TINKER_MIN_LORA_RANK}"
 
     def _sdk_lora(self, base_model: str, rank: int, seed: int | None) -> Any:
         return self.sdk.create_lora_training_client(

@@ -17,9 +17,8 @@ from fractions import Fraction
 
 from retool.checks import check_number
 from retool.errors import ConfigError
-
-MAX_TIMEOUT_S = 3600.0  # longest equivalence check, seconds (as reward.timeout)
-MAX_WORKERS = 256  # verifier processes (as reward.workers)
+from retool.limits import REWARD_MAX_TIMEOUT_S as MAX_TIMEOUT_S  # as reward.timeout
+from retool.limits import REWARD_MAX_WORKERS as MAX_WORKERS  # as reward.workers
 
 
 def check_text(where: str, value: object, what: str) -> str:

@@ -2,7 +2,7 @@
 
 ``sandbox.url`` is the service's http(s) base URL or its ``/run_code``
 endpoint; :func:`parse_endpoint` checks it once, when the settings are loaded
-(``config.py``) and again when a client is built, so a bad URL is one
+(``retool.config.sandbox``) and again when a client is built, so a bad URL is one
 ``ConfigError`` naming the setting before anything starts, never a failure at
 the first call. Credentials are refused: a URL shows up in every error
 message.

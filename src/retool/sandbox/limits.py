@@ -16,7 +16,9 @@ accepts the others accept too:
   these ranges, checked once at construction with the project's one numeric
   check (:func:`retool.checks.check_number`): ``nan`` passes a ``<= 0`` test,
   and ``inf`` or ``1e12`` seconds would only fail at the first call
-  (``socket.settimeout``, a ``time_t`` overflow in ``select``).
+  (``socket.settimeout``, a ``time_t`` overflow in ``select``). The ranges
+  are defined in :mod:`retool.limits`, where the ``[sandbox]`` config section
+  reads them too, and re-exported here under the sandbox's names.
 """
 
 from __future__ import annotations
@@ -24,14 +26,26 @@ from __future__ import annotations
 import re
 
 from retool.errors import ConfigError
+from retool.limits import SANDBOX_MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
+from retool.limits import SANDBOX_MAX_REQUEST_RETRIES as MAX_REQUEST_RETRIES
+from retool.limits import SANDBOX_MAX_TIMEOUT_S as MAX_TIMEOUT_S
+from retool.limits import SANDBOX_MAX_WORKERS as MAX_WORKERS
+from retool.limits import SANDBOX_MEMORY_MB_RANGE as MEMORY_MB_RANGE
 from retool.sandbox.result import ErrorKind, ExecResult
 
+__all__ = [
+    "MAX_CODE_BYTES",
+    "MAX_OUTPUT_BYTES",
+    "MAX_REQUEST_RETRIES",
+    "MAX_TIMEOUT_S",
+    "MAX_WORKERS",
+    "MEMORY_MB_RANGE",
+    "check_module_names",
+    "code_problem",
+    "screen_code",
+]
+
 MAX_CODE_BYTES = 1 << 20  # largest snippet, bytes of UTF-8; larger code is refused, never run
-MAX_TIMEOUT_S = 24 * 3600.0  # longest wall-clock limit of one call, seconds
-MEMORY_MB_RANGE = (16, 1 << 20)  # memory headroom of a call, MiB (below 16 MiB nothing runs)
-MAX_WORKERS = 256  # calls running at once, per sandbox
-MAX_OUTPUT_BYTES = 8 << 20  # tail kept of stdout and of stderr: a call writes at most this
-MAX_REQUEST_RETRIES = 100  # retries of a SandboxFusion call (more against a down service: a hang)
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
