@@ -2,7 +2,14 @@ import os
 
 import pytest
 
-from retool.config import RolloutConfig, SandboxConfig, load_config, parse_override
+from retool.config import (
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    SandboxConfig,
+    load_config,
+    parse_override,
+)
 from retool.errors import ConfigError
 
 
@@ -199,3 +206,63 @@ def test_rollout_settings_have_upper_bounds(setting):
     key = setting.split("=")[0]
     with pytest.raises(ConfigError, match=rf"^--set {setting}: {key} must be "):
         load_config(None, [setting])
+
+
+# -- the config and the code that enforces a limit refuse the same values ------------------
+
+
+def _outcome(check, *args):
+    """``None`` when ``check(*args)`` accepts, else its ConfigError's message."""
+    try:
+        check(*args)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("backend", ["pytrio", "tinker"])
+def test_a_service_rank_is_refused_by_the_config_as_by_its_client(backend):
+    """model.lora_rank: what the service client refuses, the config refuses first, with the
+    same words; what the client accepts, the config accepts."""
+    from retool.backends.pytrio import PytrioServiceClient
+    from retool.backends.tinker import TinkerServiceClient
+
+    client_class = {"pytrio": PytrioServiceClient, "tinker": TinkerServiceClient}[backend]
+    client = object.__new__(client_class)  # check_rank reads no state: no SDK, no login
+    refused = 0
+    for rank in (1, 2, 3, 4, 5, 63, 64, 65, 128, 4096):
+        by_client = _outcome(client.check_rank, rank)
+        by_config = _outcome(lambda r: ModelConfig(backend=backend, lora_rank=r), rank)
+        assert by_config == by_client, (backend, rank)
+        refused += by_client is not None
+    assert refused or backend == "tinker"  # pytrio refuses ranks outside [4, 64]
+    # past any hidden size, every backend's config refuses before the service is asked
+    assert _outcome(lambda: ModelConfig(backend=backend, lora_rank=2**12 + 1)) is not None
+
+
+def test_the_reward_workers_and_the_config_share_bounds():
+    """reward.timeout / reward.workers at the verifier's bound pass both checks; one past it
+    fails both (a typo with extra zeros never reaches the worker pool)."""
+    from retool.limits import REWARD_MAX_TIMEOUT_S, REWARD_MAX_WORKERS
+    from retool.reward.arguments import check_timeout, check_workers
+
+    for value, ok in ((REWARD_MAX_TIMEOUT_S, True), (REWARD_MAX_TIMEOUT_S * 1.001, False)):
+        assert (_outcome(check_timeout, "t", value) is None) is ok
+        assert (_outcome(lambda v: RewardConfig(timeout=v), value) is None) is ok
+    for value, ok in ((REWARD_MAX_WORKERS, True), (REWARD_MAX_WORKERS + 1, False), (0, False)):
+        assert (_outcome(check_workers, "w", value) is None) is ok
+        assert (_outcome(lambda v: RewardConfig(workers=v), value) is None) is ok
+
+
+def test_the_sections_keep_their_public_home():
+    """Every section RunConfig holds is importable from retool.config, as callers import it,
+    and a loaded config is made of those very classes."""
+    import dataclasses
+
+    import retool.config
+
+    config = load_config(None, ["rollout.group_size=2"])
+    for section in dataclasses.fields(config):
+        value = getattr(config, section.name)
+        assert getattr(retool.config, type(value).__name__) is type(value), section.name
+        assert type(value).__name__ in retool.config.__all__

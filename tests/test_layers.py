@@ -3,13 +3,14 @@
 The floors, from the ground up (a module may import its own floor and the
 floors below it, never one above)::
 
-    0  retool, errors, checks, interrupts       what every module may use
+    0  retool, errors, checks, limits,          what every module may use (limits: the
+       interrupts                               bounds both a leaf and config check)
     1  types                                    the Tinker-shaped contract
-    2  protocol, sandbox, reward, data,         the leaves: each owns one thing and its
-       tracking, backends                       limits, and reads no run config (a
-                                                backend's ``ModelConfig`` is a type only)
-    3  config                                   every section, checked against the
-                                                limits the leaves own
+    2  protocol, sandbox, reward, data,         the leaves: each owns one thing, and
+       tracking, backends                       reads no run config (a backend's
+                                                ``ModelConfig`` is a type only)
+    3  config                                   every section, checked against
+                                                retool.limits; imports no backend
     4  rollout                                  one batch of trajectories, scored
     5  evaluation                               N samples per problem, their numbers
     6  training                                 the RL step and SFT (periodic eval)
@@ -38,6 +39,7 @@ FLOORS: dict[str, int] = {
     "retool": 0,
     "retool.errors": 0,
     "retool.checks": 0,
+    "retool.limits": 0,
     "retool.interrupts": 0,
     "retool.types": 1,
     "retool.protocol": 2,
@@ -210,6 +212,30 @@ def test_imports_point_down_a_floor_except_the_allowed_ones() -> None:
     assert not stale, f"allowed upward imports that no longer exist (remove them): {stale}"
 
 
+def reachable(edges: set[Edge], start: str) -> set[str]:
+    """The modules that importing ``start`` (or any module inside it) may run."""
+    graph: dict[str, set[str]] = {}
+    for source, target, _, _ in edges:
+        graph.setdefault(source, set()).add(target)
+    todo = [m for m in graph if m == start or m.startswith(start + ".")]
+    seen = set(todo)
+    while todo:
+        for other in graph.get(todo.pop(), ()):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def test_config_reaches_no_backend() -> None:
+    """The config checks the services' limits from ``retool.limits``: no import path,
+    direct or through another package, leads from ``retool.config`` to a backend."""
+    found = sorted(m for m in reachable(imports(), "retool.config") if floor(m) == 2)
+    assert found, "the graph lost config's imports of the leaves (protocol, sandbox, data)"
+    backends = [m for m in found if m == "retool.backends" or m.startswith("retool.backends.")]
+    assert not backends, f"retool.config reaches the backends: {backends}"
+
+
 def test_every_module_has_a_floor() -> None:
     for name in modules():
         floor(name)
@@ -229,3 +255,19 @@ def test_the_check_sees_an_upward_import_and_a_circle(tmp_path: Path) -> None:
     planted = ("retool.sandbox.local", "retool.config", 4, "retool.config")
     assert planted in upward(edges)
     assert ["retool.config", "retool.sandbox.local"] in cycles(edges)
+
+
+def test_reachable_follows_imports_through_other_packages(tmp_path: Path) -> None:
+    """A backend reached through a leaf counts: config -> sandbox -> backends is found."""
+    package = tmp_path / "retool"
+    for folder in ("config", "sandbox", "backends"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "config" / "model.py").write_text("from retool.sandbox.url import parse\n")
+    (package / "sandbox" / "url.py").write_text(
+        "def parse():\n    from retool.backends.pytrio import RANKS\n"
+    )
+    (package / "backends" / "pytrio.py").write_text("RANKS = range(4, 65)\n")
+    found = reachable(imports(tmp_path), "retool.config")
+    assert {"retool.sandbox.url", "retool.backends.pytrio"} <= found
