@@ -72,9 +72,9 @@ def _config(*overrides, backend="pytrio"):
 def test_recompute_through_the_advantages_caps_weights_and_measures_the_mismatch():
     trainer, phases = FakeTrainer(), Phases()
     config = _config("train.old_logprobs=recompute", "train.rollout_correction=tis")
-    step = prepare_step(trainer, [[_item()], [_item()]], config, None, {"c": 1.0}, phases)
+    step = prepare_step(trainer, [[[_item()], [_item()]]], config, None, {"c": 1.0}, phases)
     assert trainer.calls == 2 and phases.names == ["recompute"]
-    datum = step.micro_batches[0][0].datum
+    datum = step.updates[0][0][0].datum
     np.testing.assert_allclose(datum.loss_fn_inputs["logprobs"].to_numpy(), TRAINED)
     weights = [1.0, min(math.e, 2.0), math.exp(-0.1), min(math.e, 2.0)]
     expected = np.array([0.0, 0.5, 0.5, 0.5]) * weights
@@ -86,18 +86,28 @@ def test_recompute_through_the_advantages_caps_weights_and_measures_the_mismatch
     assert step.metrics["train/correction_fraction"] == pytest.approx(2 / 3)
 
 
+def test_recompute_keeps_each_update_its_own_micro_batches():
+    trainer = FakeTrainer()
+    config = _config("train.old_logprobs=recompute", "train.rollout_correction=tis")
+    updates = [[[_item()], [_item(), _item()]], [[_item()]]]
+    step = prepare_step(trainer, updates, config, None, None, Phases())
+    assert trainer.calls == 3  # one forward per micro-batch of every update, before any trains
+    assert [[len(batch) for batch in update] for update in step.updates] == [[1, 2], [1]]
+    assert step.metrics["train/sampler_kl"] == pytest.approx(-(1 - 0.1 + 1) / 3)  # over all
+
+
 def test_mis_on_a_service_zeroes_a_trajectory_whose_ratio_leaves_the_bounds():
     config = _config("train.old_logprobs=recompute", "train.rollout_correction=mis")
-    step = prepare_step(FakeTrainer(), [[_item()]], config, None, None, Phases())
-    advantages = step.micro_batches[0][0].datum.loss_fn_inputs["advantages"].to_numpy()
+    step = prepare_step(FakeTrainer(), [[[_item()]]], config, None, None, Phases())
+    advantages = step.updates[0][0][0].datum.loss_fn_inputs["advantages"].to_numpy()
     assert not advantages.any()  # sum log rho = 1.9 > log 2
     assert step.metrics["train/correction_fraction"] == 1.0
 
 
 def test_sampler_mode_leaves_the_datums_and_derives_the_mismatch_from_the_ratio():
     trainer = FakeTrainer()
-    step = prepare_step(trainer, [[_item()]], _config(), None, None, Phases())
-    assert trainer.calls == 0 and step.micro_batches[0][0] == _item()
+    step = prepare_step(trainer, [[[_item()]]], _config(), None, None, Phases())
+    assert trainer.calls == 0 and step.updates[0][0][0] == _item()
     got = step.finish({"train/approx_kl": 0.25, "train/clip_fraction": 0.5})
     assert got == {"train/sampler_kl": 0.25, "train/sampler_clip_fraction": 0.5}
     # What the trainer reported itself is kept.
@@ -108,11 +118,11 @@ def test_local_backend_gets_the_correction_in_the_loss_config():
     config = _config(
         "train.rollout_correction=tis", "train.rollout_correction_cap=3", backend="local"
     )
-    step = prepare_step(FakeTrainer(), [[_item()]], config, None, {"c": 1.0}, Phases())
+    step = prepare_step(FakeTrainer(), [[[_item()]]], config, None, {"c": 1.0}, Phases())
     assert step.loss_config == {"c": 1.0, "rollout_correction": 1.0, "rollout_correction_cap": 3.0}
     recompute = _config("train.old_logprobs=recompute", backend="local")
-    step = prepare_step(FakeTrainer(), [[_item()]], recompute, None, None, Phases())
-    inputs = step.micro_batches[0][0].datum.loss_fn_inputs
+    step = prepare_step(FakeTrainer(), [[[_item()]]], recompute, None, None, Phases())
+    inputs = step.updates[0][0][0].datum.loss_fn_inputs
     np.testing.assert_allclose(inputs["sampler_logprobs"].to_numpy(), SAMPLED)
     np.testing.assert_allclose(inputs["logprobs"].to_numpy(), TRAINED)
     assert step.metrics == {}  # the local loss measures the mismatch itself
