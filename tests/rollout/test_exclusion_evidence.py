@@ -1,5 +1,5 @@
-"""Issue 21, class 2: exclusion is a reward channel, so only the sandbox's own
-evidence that the code never ran may exclude a trajectory.
+"""Exclusion is a reward channel, so only the sandbox's own evidence that the code
+never ran may exclude a trajectory.
 
 A call that breaks its handler or server after its code was delivered (it may
 have run: ``ExecResult.delivered``) must not turn its trajectory's -1 into an

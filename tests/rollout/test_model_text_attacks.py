@@ -20,8 +20,15 @@ import pytest
 
 from retool.data.examples import MathExample
 from retool.protocol.markdown import MarkdownDialect
-from retool.reward import EquivalenceChecker
-from retool.rollout import RolloutResult, StopReason, Trajectory, rollout_batch
+from retool.reward import EquivalenceChecker, Scorer, load_reward_function
+from retool.rollout import (
+    ProgressCallback,
+    ProgressEvent,
+    RolloutResult,
+    StopReason,
+    Trajectory,
+    rollout_batch,
+)
 from tests.builders import scripted_rollout
 from tests.protocol.templates import DROPS_OLD_REASONING
 from tests.rollout.fakes import Call, FakeSandbox, ScriptedSampler, answer_text, call_text
@@ -72,7 +79,9 @@ def rollout(
     outputs=None,
     *,
     protocol: str = "markdown",
-    checker: EquivalenceChecker,
+    checker: EquivalenceChecker | None,
+    scorer: Scorer | None = None,
+    progress: ProgressCallback | None = None,
 ) -> RolloutResult:
     """The batch Q1, Q2 x 2 members; ``attack(call)`` writes the attacker's turns and
     ``outputs(code)`` answers the attacker's code (honest code prints its result)."""
@@ -103,6 +112,8 @@ def rollout(
         config,
         checker=checker,
         reward_timeout=REWARD_TIMEOUT,
+        scorer=scorer,
+        progress=progress,
     )
 
 
@@ -313,8 +324,7 @@ def test_a_built_in_reward_that_raises_on_one_answer_scores_it_minus_one(
     smol_tokenizer, checker, monkeypatch
 ):
     """Any exception of the built-in reward on one answer (a bug the text found) is that
-    answer's -1, counted; a custom scorer's exception still stops the batch
-    (test_scheduler), since a custom reward is configuration."""
+    answer's -1, counted (a custom reward's: the tests below)."""
     from retool.rollout import scoring
 
     original = scoring.score_answer
@@ -331,6 +341,68 @@ def test_a_built_in_reward_that_raises_on_one_answer_scores_it_minus_one(
     assert (trajectory.reward, trajectory.correct) == (-1.0, False)
     assert trajectory.error.startswith("reward: RecursionError")
     assert result.counters.reward_failures == 1
+
+
+# -- a custom reward.function that one answer breaks ------------------------------------------
+CARELESS = "tests.rollout.test_model_text_attacks:careless_reward"
+
+
+def careless_reward(text: str, reference: str) -> float | None:
+    """A reward.function written for the answers its author expected: on the attacker's
+    text it raises, or (when the text says "nothing") returns nothing."""
+    if TAG in text:
+        if "nothing" in text:
+            return None
+        raise ValueError("unexpected answer format")
+    return 1.0 if f"\\boxed{{{reference}}}" in text else -1.0
+
+
+@pytest.mark.parametrize(
+    ("lead", "error"),
+    [
+        ("raise", "reward: ValueError: unexpected answer format"),
+        ("nothing", "reward: ConfigError: reward.function"),
+    ],
+)
+def test_a_custom_reward_that_fails_on_one_answer_scores_it_minus_one(smol_tokenizer, lead, error):
+    """The attacker boxes the right answer, and the user's function fails on its text:
+    that answer is -1 (even though right), counted; the batch completes, the others
+    are scored by the function as without the attacker, and every trajectory is
+    reported to progress once (the failed one last, once the batch goes on)."""
+    scorer = load_reward_function(CARELESS)
+    events: list[ProgressEvent] = []
+    result = rollout(
+        smol_tokenizer,
+        lambda call: f"{TAG} {lead} \\boxed{{1024}}",
+        checker=None,
+        scorer=scorer,
+        progress=events.append,
+    )
+    trajectory = attacked(result, rollout(smol_tokenizer, checker=None, scorer=scorer))
+    assert trajectory.stop_reason == StopReason.ANSWER and not trajectory.excluded
+    assert (trajectory.reward, trajectory.correct, trajectory.valid_format) == (-1.0, False, False)
+    assert trajectory.error is not None and trajectory.error.startswith(error)
+    assert result.counters.reward_failures == 1
+    assert result.metrics()["rollout/reward_failures"] == 1.0
+    reported = [e.trajectory for e in events]
+    assert sorted(id(t) for t in reported) == sorted(id(t) for t in result.trajectories)
+    assert reported[-1] is trajectory and events[-1].finished == events[-1].total == 4
+
+
+def test_a_custom_reward_that_fails_on_every_answer_stops_the_batch_unreported(
+    smol_tokenizer,
+):
+    """A function that fails on every answer (a reward service that went away) is not
+    the answers' fault: the batch stops with its error, and none of those -1s reaches
+    progress (the training journal), so a resumed step scores them again."""
+    events: list[ProgressEvent] = []
+
+    def gone(text: str, reference: str) -> float:
+        raise ConnectionError("the reward service went away")
+
+    with pytest.raises(ConnectionError, match="went away"):
+        rollout(smol_tokenizer, checker=None, scorer=gone, progress=events.append)
+    assert events == []
 
 
 # -- characters that split lines, hide text or cannot be encoded ---------------------------

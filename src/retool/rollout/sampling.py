@@ -74,28 +74,22 @@ class Sampled:
         )
 
 
+@dataclass(eq=False)
 class Sampler:
     """The batch's sampling client, bounded, checked and retried."""
 
-    def __init__(
-        self,
-        client: SamplingClient,
-        tokenizer: Any,
-        config: RolloutConfig,
-        stop: tuple[str | int, ...],
-        step: int,
-        counters: RolloutCounters,
-    ) -> None:
-        self.client = client
-        self.tokenizer = tokenizer
-        self.config = config
-        self.stop = stop
-        self.step = step
-        self.counters = counters
+    client: SamplingClient
+    tokenizer: Any
+    config: RolloutConfig
+    stop: tuple[str | int, ...]  # the dialect's stop sequences
+    step: int
+    counters: RolloutCounters  # the batch's, counted in place
+
+    def __post_init__(self) -> None:
         # the weights the step must sample with (a vLLM sampler says; None: not checked)
-        self.policy_version: str | None = getattr(client, "policy_version", None)
-        self.slots = WeightedSemaphore(config.max_in_flight_samples)
-        self.retry = RetryPolicy("sampler", config.sample_retries, config.retry_backoff)
+        self.policy_version: str | None = getattr(self.client, "policy_version", None)
+        self.slots = WeightedSemaphore(self.config.max_in_flight_samples)
+        self.retry = RetryPolicy("sampler", self.config.sample_retries, self.config.retry_backoff)
 
     def params(self, max_tokens: int, seed: int) -> SamplingParams:
         return SamplingParams(

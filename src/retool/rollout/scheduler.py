@@ -31,19 +31,24 @@ is excluded, or as ``sandbox_unreported`` (scored, trained) when its code may
 have run. A traceback or timeout of the model's own code is an observation
 like any other output.
 
-Model text is data. Whatever the model writes (its turns, and what its code
-prints into observations) may make handling it raise: a parse, the chat
-template's render of the next prompt, fitting or formatting the observation.
-Such a failure ends that trajectory only, as ``text_error``: reward -1 without
-scoring (the trajectory's own failure: trained, never excluded), the exception
-in ``Trajectory.error``. Whether the template can continue a conversation at
-all is probed once per batch on text that is not the model's (the first
-question and an empty observation, when the tool reserve is measured): a
-template that rewrites history still stops the batch there, with one line. The
-built-in reward never raises on an answer either (:mod:`retool.rollout.scoring`):
-a check that cannot be made scores -1 and counts in ``rollout/reward_failures``.
-A custom ``scorer`` is configuration, not model text: an exception from it (a
-reward service that went away) stops the batch.
+Model text is data, and one trajectory's text never stops the batch. Whatever
+the model writes (its turns, and what its code prints into observations) may
+make handling it raise: a parse, the chat template's render of the next
+prompt, fitting or formatting the observation. Such a failure ends that
+trajectory only, as ``text_error``: reward -1 without scoring (the
+trajectory's own failure: trained, never excluded), the exception in
+``Trajectory.error``. Whether the template can continue a conversation at all
+is probed once per batch on text that is not the model's (the first question
+and an empty observation, when the tool reserve is measured): a template that
+rewrites history still stops the batch there, with one line. Scoring the final
+text does not stop the batch either (:mod:`retool.rollout.scoring`): an answer
+the reward cannot score, built-in or custom, scores -1, its error in
+``Trajectory.error``, counted in ``rollout/reward_failures``. Only a custom
+``scorer`` that failed on *every* trajectory the batch scored (a reward service
+that went away, a function that is broken) stops the batch, with its error,
+once every task has ended. Until then the trajectories it failed on are held
+back from ``progress`` (so from the training journal): a batch that stops
+journals none of those -1s, and a resumed step scores them again.
 
 Dynamic sampling (``rollout.dynamic_sampling``) starts a reserve question each
 time a group ends uninformative, in the next slot, while the others run on;
@@ -161,6 +166,8 @@ class _Batch:
         self.ended: dict[int, int] = {}  # trajectories ended (scored) per question slot
         self.questions: list[asyncio.Task[None]] = []
         self.scoring_tasks: list[asyncio.Task[None]] = []
+        self.custom_scored = 0  # trajectories the custom scorer was asked to score
+        self.held: list[tuple[Trajectory, Exception]] = []  # ... and those it failed on
         self.reserved_tokens: int | None = None  # wrapper + minimum observation, measured once
         self.started = time.monotonic()
 
@@ -213,23 +220,33 @@ class _Batch:
         )
 
     async def finish(self, trajectory: Trajectory) -> None:
+        held = False
         if trajectory.stop_reason == StopReason.TEXT_ERROR:
             self.assign(trajectory, _UNSCORED)
         elif not trajectory.excluded:
-            await self.score(trajectory)
+            held = await self.score(trajectory)
         assert trajectory.stop_reason is not None
-        self.notify(trajectory, trajectory.stop_reason, 1)
+        if not held:
+            self.notify(trajectory, trajectory.stop_reason, 1)
         slot = trajectory.question_index
         self.ended[slot] = self.ended.get(slot, 0) + 1
         if self.ended[slot] == self.group_size:
             self.group_ended(slot)
 
-    async def score(self, trajectory: Trajectory) -> None:
-        """Score the final text (see :mod:`retool.rollout.scoring`)."""
+    async def score(self, trajectory: Trajectory) -> bool:
+        """Score the final text; an answer that cannot be scored is -1 (see
+        :mod:`retool.rollout.scoring`). True: a custom scorer failed on it, so its
+        report waits for the batch's verdict (:meth:`release_held`)."""
         result, error = await self.scoring.score(trajectory.final_text, trajectory.example.answer)
         if error is not None:
             self.record_error(trajectory, "reward", error, f"scored {WRONG_REWARD:+.0f}")
         self.assign(trajectory, result)
+        if self.scoring.scorer is None:
+            return False
+        self.custom_scored += 1
+        if error is not None:
+            self.held.append((trajectory, error))
+        return error is not None
 
     def assign(self, trajectory: Trajectory, result: RewardResult) -> None:
         trajectory.reward = result.reward
@@ -238,6 +255,17 @@ class _Batch:
         trajectory.answer = result.answer
         self.counters.reward_timeouts += result.timed_out
         self.counters.reward_failures += result.failed
+
+    def release_held(self) -> None:
+        """Once every task has ended: a custom scorer that failed on every trajectory it
+        scored stops the batch with its error (the first in slot order); otherwise the
+        trajectories it failed on are reported now, scored -1."""
+        held = sorted(self.held, key=lambda h: (h[0].question_index, h[0].group_index))
+        if held and len(held) == self.custom_scored:
+            raise held[0][1]
+        for trajectory, _ in held:
+            assert trajectory.stop_reason is not None
+            self.notify(trajectory, trajectory.stop_reason, 1)
 
     def start_question(self, slot: int, example: MathExample) -> None:
         self.questions.append(asyncio.ensure_future(self.run_question(slot, example)))
@@ -495,6 +523,7 @@ class _Batch:
         for q, example in enumerate(list(self.examples)):
             self.start_question(q, example)
         await self.wait_for_every_task()
+        self.release_held()
         trajectories = [t for t in self.trajectories if t is not None]
         assert len(trajectories) == self.total, "every slot gets a trajectory"
         assign_group_advantages(trajectories, self.config.advantage)
@@ -539,11 +568,13 @@ async def rollout_batch_async(
     ``sampling_client.max_context_tokens`` when it reports one.
 
     ``progress`` is called once per ended trajectory, after it is scored (so a
-    journal sees its reward), and once per skipped question. ``reuse`` maps
+    journal sees its reward; one a custom ``scorer`` failed on, once the batch has
+    ended and goes on), and once per skipped question. ``reuse`` maps
     question slots to a complete group of trajectories that ended before (a
     resumed step): those slots are not sampled again, and their advantages are
     recomputed with the rest of the batch. ``scorer(final_text, reference)``
-    replaces the boxed-answer reward (see :func:`retool.reward.load_reward_function`).
+    replaces the boxed-answer reward (see :func:`retool.reward.load_reward_function`);
+    it raises out of here only when it failed on every trajectory it scored.
 
     ``reserve`` are the extra questions of dynamic sampling, used in order and
     only with ``config.dynamic_sampling``; reserve question ``k`` takes slot

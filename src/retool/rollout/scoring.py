@@ -5,14 +5,17 @@ with its ``checker`` and ``timeout``) or a custom ``scorer`` (the user's
 ``reward.function``). Either runs in a thread, so scoring overlaps the other
 trajectories' sampling.
 
-The built-in reward never raises on an answer: when scoring raises (a check
-that could not be made because its worker died, a bug the text found) the
-answer scores -1 (:data:`FAILED`) and the batch records the exception on the
-trajectory and counts it in ``rollout/reward_failures``; its
-:class:`~retool.errors.RetoolError` (a setting or a reference answer) still
-stops the batch. A custom ``scorer`` is configuration, not model text: an
-exception from it (a reward service that went away) stops the batch, so a
-function that cannot score some text must return -1 itself.
+The final text is the model's, and one answer must never stop a run, so
+neither reward stops the batch for one answer. When scoring raises (a check
+that could not be made because its worker died, a bug the text found, a custom
+function that raises or returns no number on an odd answer) the answer scores
+-1 (:data:`FAILED`: not correct, no valid format) and the batch records the
+exception on the trajectory and counts it in ``rollout/reward_failures``. Two
+errors are not the answer's and still stop the batch: the built-in reward's
+:class:`~retool.errors.RetoolError` (a setting or a reference answer), and a
+custom scorer that failed on *every* trajectory the batch scored (a reward
+service that went away, a function that is broken), which the batch re-raises
+once it has ended (see :mod:`retool.rollout.scheduler`).
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ class Scoring:
 
     async def score(self, text: str, reference: str) -> tuple[RewardResult, Exception | None]:
         """The reward of ``text``, and the exception scoring raised (then :data:`FAILED`)."""
-        if self.scorer is not None:  # configuration: its exception stops the batch
-            return await asyncio.to_thread(self.scorer, text, reference), None
         try:
-            result = await asyncio.to_thread(
-                score_answer, text, reference, self.timeout, self.checker
-            )
-        except RetoolError:
-            raise  # a setting or a reference answer, not the model's text
+            if self.scorer is not None:
+                result = await asyncio.to_thread(self.scorer, text, reference)
+            else:
+                result = await asyncio.to_thread(
+                    score_answer, text, reference, self.timeout, self.checker
+                )
         except Exception as exc:
+            if isinstance(exc, RetoolError) and self.scorer is None:
+                raise  # a setting or a reference answer, not the model's text
             return FAILED, exc
         return result, None
