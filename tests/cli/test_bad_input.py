@@ -365,7 +365,7 @@ CASES = [
          **{"c.toml": ""}),
     case("demo-output-file", "demo --config c.toml --output f", "--output f", f="x",
          **{"c.toml": ""}),
-    # -- issue 20: tracebacks that remained ---------------------------------------------------
+    # -- tracebacks that remained ------------------------------------------------------------
     case("toml-int-too-long", "train --config t.toml", "t.toml:2", "5000 digits", "4300",
          **{"t.toml": f"[train]\nsteps = {BIG}\n"}),
     case("set-int-too-long", f"train --set train.steps={BIG}", "--set train.steps", "5000 digits"),
@@ -396,7 +396,7 @@ CASES = [
          "true or false", **{"w.jsonl": WRONG_TYPE}),
     case("report-eval-wrong-type", "report run --eval w.jsonl", "'correct'",
          **RUN, **{"w.jsonl": WRONG_TYPE}),
-    # -- issue 20: silent or misleading --------------------------------------------------
+    # -- silent or misleading -----------------------------------------------------------
     case("run-dir-empty", 'train --run-dir ""', "--run-dir", "empty value"),
     case("init-from-empty", 'train --init-from ""', "--init-from", "empty value"),
     case("eval-model-empty", 'eval --model "" --dataset demo --output o.jsonl', "--model",

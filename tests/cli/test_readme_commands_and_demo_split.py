@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 20 §5), one table row per case.
+"""The README's commands and the bare ``demo`` dataset, one table row per case.
 
 * The README's commands parse, every one that samples names its ``--config``,
   every file one reads was written by an earlier one (or is in the

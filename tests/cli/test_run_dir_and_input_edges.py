@@ -1,7 +1,7 @@
-"""A careless user and an attacker against the CLI and the run directory: what slipped through.
+"""Bad input the CLI refuses in one line, and run directories reused, moved or damaged.
 
-Each test is one finding that the bad-input table (``test_bad_input.py``) and the
-run-directory tests (``tests/training/test_run_dir*.py``) did not catch:
+Each test is one case beside the bad-input table (``test_bad_input.py``) and the
+run-directory tests (``tests/training/test_run_dir*.py``):
 
 * bad input that still ended in a traceback or ran on: a lone surrogate in an
   evaluation set or an SFT conversation (the training loader refused it, these

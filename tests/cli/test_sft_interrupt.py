@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM in the first seconds of ``retool sft`` on SmolLM2 (issue 25).
+"""Ctrl-C and SIGTERM in the first seconds of ``retool sft`` on SmolLM2.
 
 The moments that aborted the interpreter ("terminate called without an
 active exception", SIGABRT or SIGSEGV) before the fix: while the model loads

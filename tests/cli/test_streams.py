@@ -1,4 +1,4 @@
-"""The terminal's own failures (issue 20): stdout that cannot be written, a non-UTF-8 path
+"""The terminal's own failures: stdout that cannot be written, a non-UTF-8 path
 printed on a strict UTF-8 terminal, a cache directory that is a file, a big integer answer.
 
 Each runs the real console script; the command's work is fast (``prepare-data demo``,

@@ -1,4 +1,4 @@
-"""Damaged inputs and full disks are one error naming the file (issue 20).
+"""Damaged inputs and full disks are one error naming the file.
 
 Run-directory readers (metrics, manifest, journal, step_* names), long
 integers in JSON/TOML, and writes that fail with ``ENOSPC`` (``/dev/full``:

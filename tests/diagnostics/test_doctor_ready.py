@@ -1,4 +1,4 @@
-"""``retool doctor`` never says ``ready`` for a run the command would refuse (issue 20)."""
+"""``retool doctor`` never says ``ready`` for a run the command would refuse."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The rollout state machine against a scripted sampler and sandbox.
 
-Each test pins one invariant of ARCHITECTURE.md or one defect of the
-reference (chapter 6, "Known defects"), with the real SmolLM2 tokenizer and
-the ``markdown`` dialect.
+Each test pins one invariant of the method (docs/architecture.md, "Where each
+rule of the method lives") or one defect of the reference rollout that this
+one fixes (README, "Fixed defects of the reference"), with the real SmolLM2
+tokenizer and the ``markdown`` dialect.
 """
 
 from __future__ import annotations

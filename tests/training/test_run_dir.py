@@ -128,7 +128,7 @@ def test_a_damaged_sampler_description_is_one_clear_error(tmp_path):
             service.create_sampling_client(model_path=tmp_path)
 
 
-# -- issue 20: location independence, locks, resume refusals, torn tails, TOML ------------
+# -- location independence, locks, resume refusals, torn tails, TOML ----------------------
 
 import dataclasses  # noqa: E402
 import os  # noqa: E402

@@ -1,12 +1,12 @@
-"""The run directory as users meet it (issues 20 and 25): ``retool`` on ``tiny-random``.
+"""The run directory as users meet it: ``retool`` on ``tiny-random``.
 
-Rows of the issues, each as a real command: kill and resume from another
-working directory, moved and copied runs, ``--init-from`` a run given by an
-absolute path from elsewhere, a run killed before its first checkpoint that
-resumes from its ``--init-from`` weights, two writers on one run directory or
-one ``eval --output``, the resume refusals, ``rollout --output`` refusing what
-it does not own, and disk full (a small tmpfs in a private mount namespace)
-during a checkpoint, a metrics line and an evaluation row. Weights are
+Each case a real command: kill and resume from another working directory,
+moved and copied runs, ``--init-from`` a run given by an absolute path from
+elsewhere, a run killed before its first checkpoint that resumes from its
+``--init-from`` weights, two writers on one run directory or one ``eval
+--output``, the resume refusals, ``rollout --output`` refusing what it does
+not own, and disk full (a small tmpfs in a private mount namespace) during a
+checkpoint, a metrics line and an evaluation row. Weights are
 compared with uninterrupted runs of the same settings (``atol=1e-6``).
 """
 

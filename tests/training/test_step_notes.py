@@ -1,5 +1,5 @@
 """What a step's summary line says about excluded trajectories and all-alike groups
-(:mod:`retool.training.step_notes`), one table row per case of issue 20 §4/§5."""
+(:mod:`retool.training.step_notes`), one table row per case."""
 
 from __future__ import annotations
 

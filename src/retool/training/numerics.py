@@ -4,8 +4,8 @@ The sampler and the trainer compute the same policy with different code (and,
 when ``model.dtype`` picks bf16 for one of them, different precision), so the
 sampler's logprobs and the trainer's differ by a little. Under float32 here
 that is ~1e-5 per token (the 1e-4 contract of the local backend); a bf16
-sampler differs by 0.03 on average and up to ~1 (LOCAL-BACKEND-NOTES.md,
-ENGINES-NOTES.md). This module makes what the RL step does about it explicit:
+sampler differs by 0.03 on average and up to ~1 (docs/measurements.md, "Facts
+the code cites"). This module makes what the RL step does about it explicit:
 
 * ``train.old_logprobs``: ``sampler`` uses the sampled logprobs as π_old
   (exact under float32); ``recompute`` runs one ``forward`` of the trainer on

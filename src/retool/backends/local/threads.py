@@ -34,7 +34,7 @@ still runs marks the thread as stopped (the bpo-45274 clean-up in
 it), so the next ``join`` returned at once. The interrupt then unwound the
 command and the interpreter exited with a worker inside torch:
 "terminate called without an active exception" and SIGABRT (134) or SIGSEGV
-(139), issue 25. Seen on ``retool sft`` on SmolLM2, whose first seconds are
+(139). Seen on ``retool sft`` on SmolLM2, whose first seconds are
 almost all such calls (model loading, the first ``forward_backward``).
 """
 

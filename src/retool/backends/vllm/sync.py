@@ -6,7 +6,8 @@ Two ways the policy reaches the engine after an optimizer step (``sampler.sync``
   (``save_weights_for_sampler``); the engine loads it as a new ``LoRARequest``
   named ``policy-step-N`` and drops the previous one. Only the adapter moves
   (a few MB), but on CPU vLLM runs LoRA without graph capture and with extra
-  kernels per layer (ENGINES-NOTES.md: 64-76 tok/s against 247 without).
+  kernels per layer (64-76 tok/s against 247 without an adapter on SmolLM2:
+  docs/measurements.md, "Facts the code cites").
 * ``merged``: the merged weights ``W + scale * B @ A`` (PEFT's own
   ``get_delta_weight``) replace the engine's in place through vLLM's
   ``reload_weights`` (the same ``load_weights`` a checkpoint load runs, so
