@@ -40,6 +40,7 @@ FLOORS: dict[str, int] = {
     "retool.errors": 0,
     "retool.checks": 0,
     "retool.limits": 0,
+    "retool.atomic": 0,
     "retool.interrupts": 0,
     "retool.types": 1,
     "retool.protocol": 2,

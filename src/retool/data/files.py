@@ -19,7 +19,8 @@ into a hidden staging directory inside the target, every destination is
 checked, and only then are they renamed into place (renames within one
 directory, so a failure between them is practically impossible). Any
 failure or interrupt before that removes the staging directory and any
-directory the command created, so the previous state is untouched.
+directory the command created, so the previous state is untouched. One file
+is replaced through :mod:`retool.atomic` (``write_atomic``, re-exported here).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retool.atomic import write_atomic as write_atomic  # its callers' old import path
 from retool.errors import ConfigError, DataError, RetoolError
 
 PSEUDO_ROOTS = ("/proc", "/sys", "/dev")  # kernel file systems: never a place for output
@@ -138,21 +140,6 @@ def read_text(
     """The UTF-8 text of a small regular file, or one ``error`` naming ``path``."""
     data = read_bytes(path, flag=flag, what=what, error=error, limit=limit)
     return decode_utf8(data, str(path), error)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` (temporary sibling, fsync, rename): a reader sees
-    the old file or the new one, and a failure (a full disk) leaves ``path`` as it was
-    and no partial temporary file behind."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_bytes(
