@@ -94,3 +94,59 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path):
         raise SafetensorError("I/O error: No space left on device (os error 28)")
     assert (final / "kept").read_text() == "previous"
     assert sorted(p.name for p in final.parent.iterdir()) == ["step_000002"]
+
+
+def _full_at_fsync(monkeypatch):
+    import retool.atomic
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(retool.atomic.os, "fsync", full)
+
+
+def test_examples_that_cannot_be_written_keep_the_previous_file(tmp_path, monkeypatch):
+    from retool.data import MathExample, write_jsonl
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("previous\n")
+    _full_at_fsync(monkeypatch)
+    with pytest.raises(DataError, match=r"train.jsonl: cannot write it \(No space left"):
+        write_jsonl(path, [MathExample("1", "q", "a")])
+    assert path.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == [
+        "train.jsonl"
+    ]
+
+
+def test_a_bad_item_late_in_a_stream_of_examples_leaves_the_previous_file(tmp_path):
+    from retool.data import MathExample, write_jsonl
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("previous\n")
+
+    def items():
+        for n in range(1000):
+            yield MathExample(str(n), "q" * 100, "a")  # more than one buffer: some reach disk
+        yield {"id": "late"}
+
+    with pytest.raises(DataError, match="item 1000 is a dict"):
+        write_jsonl(path, items())
+    assert path.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == [
+        "train.jsonl"
+    ]
+
+
+def test_conversations_that_cannot_be_written_keep_the_previous_file(tmp_path, monkeypatch):
+    from retool.training.sft_data import Conversation, write_conversations
+
+    path = tmp_path / "sft.jsonl"
+    path.write_text("previous\n")
+    conversation = Conversation(
+        "c1", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    )
+    _full_at_fsync(monkeypatch)
+    with pytest.raises(RetoolError, match=r"sft.jsonl: cannot write \(No space left"):
+        write_conversations(path, [conversation])
+    assert path.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == [
+        "sft.jsonl"
+    ]

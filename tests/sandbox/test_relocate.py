@@ -461,3 +461,29 @@ def test_layers_of_trees_that_are_gone_are_pruned(tmp_path):
     shutil.rmtree(gone_site)
     assert relocate.prune(cache) == 1
     assert os.path.isdir(kept["tree"]) and not os.path.exists(os.path.dirname(gone["tree"]))
+
+
+def test_a_layer_file_is_written_whole_and_readable_by_others_or_not_at_all(tmp_path, monkeypatch):
+    """The runtime copy's own atomic write (it cannot import ``retool.atomic``):
+    0o644 under any umask, and a disk that fills mid-write leaves the old file."""
+    path = tmp_path / "mod.cpython-311.pyc"
+    path.write_bytes(b"old")
+    os.chmod(path, 0o600)
+    saved = os.umask(0o077)
+    try:
+        relocate._write_atomic(str(path), b"new")
+    finally:
+        os.umask(saved)
+    assert path.read_bytes() == b"new" and path.stat().st_mode & 0o777 == 0o644
+    real_write = os.write
+
+    def full(fd, data):
+        if len(data) < 1000:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data[: len(data) // 2])
+
+    monkeypatch.setattr(relocate.os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        relocate._write_atomic(str(path), b"x" * 4096)
+    monkeypatch.undo()
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == [path.name]

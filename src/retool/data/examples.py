@@ -9,7 +9,6 @@ Parquet), so a user can fix the file without a debugger.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from retool.atomic import atomic_output
 from retool.data.files import as_path, decode_utf8, reason
 from retool.data.longints import json_loads
 from retool.errors import DataError
@@ -202,18 +202,17 @@ def load_examples(path: str | os.PathLike[str]) -> list[MathExample]:
 
 
 def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -> int:
-    """Write examples atomically (temp file + rename); returns how many were written.
+    """Write examples atomically (:func:`retool.atomic.atomic_output`); how many were written.
 
     A file system error is one :class:`DataError` naming ``path``. Several
     files that must change together go through
     :func:`retool.data.files.staged_output`.
     """
     path = as_path(path, "write_jsonl(path)")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     count = 0
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w", encoding="utf-8") as handle:
+        with atomic_output(path, encoding="utf-8") as handle:
             for example in examples:
                 if not isinstance(example, MathExample):
                     raise DataError(
@@ -222,10 +221,6 @@ def write_jsonl(path: str | os.PathLike[str], examples: Iterable[MathExample]) -
                     )
                 handle.write(json.dumps(example.to_dict(), ensure_ascii=False) + "\n")
                 count += 1
-        os.replace(tmp, path)
     except OSError as exc:
         raise DataError(f"{path}: cannot write it ({reason(exc)})") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     return count

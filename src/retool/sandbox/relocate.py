@@ -191,6 +191,15 @@ def relocate_pyc(data: bytes, relocation: Relocation) -> bytes | None:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``, mode exactly 0o644; a failure leaves no temporary.
+
+    The project's one deliberate copy of ``retool.atomic.write_atomic``: this module
+    runs in the server's runtime copy, which imports nothing of ours outside it.
+    It differs on purpose: 0o644 under any umask (the sandbox's unprivileged uid
+    reads the layer), no fsync (a cache, written by the thousand at its first build),
+    and the pid alone names the temporary (one build per layer at a time, under the
+    layer's lock).
+    """
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:

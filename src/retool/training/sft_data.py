@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from retool.atomic import write_atomic
 from retool.data.demo import DemoProblem
 from retool.data.examples import refuse_surrogates
 from retool.data.longints import json_loads
@@ -318,7 +319,7 @@ def numbered_conversations(path: str | os.PathLike[str]) -> list[tuple[int, Conv
 
 
 def write_conversations(path: str | os.PathLike[str], conversations: Iterable[Conversation]) -> int:
-    """Write ``conversations`` as JSONL atomically (temporary file, fsync, rename).
+    """Write ``conversations`` as JSONL atomically (:func:`retool.atomic.write_atomic`).
 
     Returns how many were written. A reader sees the old file or the whole new
     one, never a prefix. Duplicate ids raise :class:`DataError` (the file would
@@ -333,16 +334,9 @@ def write_conversations(path: str | os.PathLike[str], conversations: Iterable[Co
             raise DataError(f"{path}: duplicate conversation id {conversation.id!r}")
         seen.add(conversation.id)
         lines.append(json.dumps(conversation.to_record(), ensure_ascii=False) + "\n")
-    # A plain open (not mkstemp) so the file gets the usual umask permissions.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write("".join(lines))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, "".join(lines).encode("utf-8"))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise RetoolError(f"{path}: cannot write ({exc.strerror or exc})") from None
     return len(lines)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool.data.files import write_atomic
+from retool.atomic import write_atomic
 from retool.errors import BackendError, ConfigError, DependencyError
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
@@ -130,15 +130,9 @@ def file_digest(path: Path) -> str:
             sha.update(block)
     digest = sha.hexdigest()[:16]
     known[key] = digest
-    atomic_write_text(memo, json.dumps(known))
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(memo, json.dumps(known).encode())
     return digest
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """``text`` into ``path`` (its directory created) through the project's one atomic
-    write, :func:`retool.data.files.write_atomic`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text.encode())
 
 
 def cached_dir(kind: str, source: ModelSource, build: Any) -> Path:
