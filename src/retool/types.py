@@ -11,6 +11,7 @@ Values:
     AdamParams        one AdamW step
     ForwardBackwardOutput, OptimStepOutput   what training calls return
     Future            a result that may not have arrived yet (``.result()`` / ``await``)
+    Tokenizer         a Hugging Face tokenizer, as clients return it (an open type: ``Any``)
 
 Clients (``typing.Protocol``; the method set of the pytrio/tinker SDKs, plus
 what the loop uses: ``max_context_tokens``, ``close``):
@@ -40,7 +41,7 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -52,6 +53,10 @@ if TYPE_CHECKING:  # the sandbox's values, named in the Sandbox protocol only
     from retool.sandbox.stats import SandboxStats
 
 T = TypeVar("T")
+
+# An HF tokenizer: whatever class transformers (or a service's SDK) loads for the
+# model. An open SDK type, so ``Any``, under one name the signatures share.
+Tokenizer: TypeAlias = Any
 
 
 @dataclass(frozen=True)
@@ -324,7 +329,7 @@ class SamplingClient(Protocol):
 
     def compute_logprobs(self, prompt: ModelInput) -> Future[list[float | None]]: ...
 
-    def get_tokenizer(self) -> Any: ...
+    def get_tokenizer(self) -> Tokenizer: ...
 
     @property
     def max_context_tokens(self) -> int | None:
@@ -360,7 +365,7 @@ class TrainingClient(Protocol):
 
     def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient: ...
 
-    def get_tokenizer(self) -> Any: ...
+    def get_tokenizer(self) -> Tokenizer: ...
 
     @property
     def max_context_tokens(self) -> int | None:

@@ -37,11 +37,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.data.files import as_path, decode_utf8, read_bytes, write_atomic
 from retool.data.longints import json_loads
 from retool.errors import DataError
+
+if TYPE_CHECKING:
+    from retool.rollout.types import Trajectory
 
 FORMAT = "retool-eval/1"
 
@@ -92,7 +95,7 @@ def question_digest(question: str) -> str:
 
 
 def sample_row(
-    trajectory: Any, problem_index: int, session: int, elapsed_s: float
+    trajectory: Trajectory, problem_index: int, session: int, elapsed_s: float
 ) -> dict[str, Any]:
     """The row of one ended :class:`~retool.rollout.Trajectory`."""
     observations = trajectory.observations

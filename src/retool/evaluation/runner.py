@@ -63,7 +63,7 @@ from retool.rollout import (
     rollout_batch_async,
 )
 from retool.rollout.sync import synchronous
-from retool.types import SamplingClient, Sandbox
+from retool.types import SamplingClient, Sandbox, Tokenizer
 
 # Rollout fields that decide the samples (the rest are concurrency and retry knobs).
 SAMPLE_DECIDING = (
@@ -289,7 +289,7 @@ def prepare_evaluation(
 
 async def evaluate_async(
     sampling_client: SamplingClient,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     sandbox: Sandbox | None,
     evaluation: PreparedEvaluation,
     *,

@@ -32,11 +32,14 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.errors import ProtocolError
 from retool.protocol.prompts import SYSTEM_RULES, TEXT_RULES, TOOL_DESCRIPTION
 from retool.protocol.sanitize import sanitize_observation, tokenizer_special_strings
+
+if TYPE_CHECKING:
+    from retool.types import Tokenizer
 
 Message = dict[str, Any]
 TOOL_NAME = "code_interpreter"
@@ -97,7 +100,7 @@ class ToolDialect(abc.ABC):
     def format_instructions(self) -> str:
         """How to write a call in this dialect, for templates that ignore ``tools=``."""
 
-    def system_prompt(self, tokenizer: Any = None) -> str:
+    def system_prompt(self, tokenizer: Tokenizer = None) -> str:
         """The rules, plus the call format when the template would not show it."""
         if (
             tokenizer is not None
@@ -111,7 +114,7 @@ class ToolDialect(abc.ABC):
         return tool_schema()
 
     def initial_messages(
-        self, question: str, tokenizer: Any = None, tools: bool = True
+        self, question: str, tokenizer: Tokenizer = None, tools: bool = True
     ) -> list[Message]:
         """System rules and the question; ``tools=False`` is the text-only baseline's prompt."""
         system = self.system_prompt(tokenizer) if tools else TEXT_RULES
@@ -122,7 +125,7 @@ class ToolDialect(abc.ABC):
         return [self.tool_schema()] if self.uses_template_tools else None
 
     def render_text(
-        self, tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True
+        self, tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str:
         try:
             text = tokenizer.apply_chat_template(
@@ -137,13 +140,13 @@ class ToolDialect(abc.ABC):
             raise ProtocolError("chat template did not return text")
         return text
 
-    def render_prompt(self, tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    def render_prompt(self, tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
         """Token ids of ``messages`` followed by the assistant generation prefix."""
         return list(
             tokenizer.encode(self.render_text(tokenizer, messages), add_special_tokens=False)
         )
 
-    def template_shows_tools(self, tokenizer: Any) -> bool:
+    def template_shows_tools(self, tokenizer: Tokenizer) -> bool:
         """Whether the chat template renders ``tools=`` at all (SmolLM2's does not)."""
         probe = [{"role": "user", "content": "x"}]
         try:
@@ -165,7 +168,7 @@ class ToolDialect(abc.ABC):
     def stop_strings(self) -> tuple[str, ...]:
         """Strings that end a tool call in this dialect."""
 
-    def stop_sequences(self, tokenizer: Any) -> tuple[str | int, ...]:
+    def stop_sequences(self, tokenizer: Tokenizer) -> tuple[str | int, ...]:
         """EOS and turn-end token ids, plus the strings that end a tool call."""
         ids: list[int] = []
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -185,7 +188,7 @@ class ToolDialect(abc.ABC):
 
     def continuation(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         messages_before_assistant: Sequence[Message],
         prompt_tokens: Sequence[int],
         completion_tokens: Sequence[int],
@@ -206,7 +209,7 @@ class ToolDialect(abc.ABC):
 
     def continuation_delta(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         messages_before_assistant: Sequence[Message],
         completion_tokens: Sequence[int],
         tool_message: Mapping[str, Any],
@@ -254,7 +257,7 @@ def _placeholder(messages: Sequence[Mapping[str, Any]]) -> str:
             return marker
 
 
-def _closing_overlap(tokenizer: Any, completion: Sequence[int], delta: Sequence[int]) -> int:
+def _closing_overlap(tokenizer: Tokenizer, completion: Sequence[int], delta: Sequence[int]) -> int:
     """How many leading ``delta`` tokens the sampler already produced.
 
     Only special tokens count (``<|im_end|>`` emitted as the stop token): a

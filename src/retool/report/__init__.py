@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from retool.data.files import as_path, check_output_dir, staged_output
 from retool.errors import require
@@ -55,6 +55,9 @@ from retool.report.inputs import (
 from retool.report.page import render_page
 from retool.report.plots import plot_evals, plot_metrics
 from retool.report.viewer import build_viewer
+
+if TYPE_CHECKING:
+    from retool.types import Tokenizer
 
 __all__ = ["EvalResult", "ReportError", "RunInputs", "load_eval_file", "load_run", "write_report"]
 
@@ -76,7 +79,7 @@ def write_report(
     eval_files: Sequence[str | os.PathLike[str]] = (),
     output: str | os.PathLike[str] | None = None,
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer = None,
 ) -> Path:
     """Write the plots and ``report.html``; returns the path of ``report.html``.
 

@@ -52,12 +52,15 @@ import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.protocol import get_protocol
 from retool.protocol.sanitize import escape_control
 from retool.report.inputs import RunInputs
 from retool.training.run_dir import RunDirectory, read_rollouts
+
+if TYPE_CHECKING:
+    from retool.types import Tokenizer
 
 RECENT_STEPS = 50  # the last this many steps with rollouts are embedded
 OLDER_EVERY = 10  # and every this-many-th step before them
@@ -91,7 +94,7 @@ def clean(text: Any) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def cached_tokenizer(name: str) -> Any:
+def cached_tokenizer(name: str) -> Tokenizer:
     """The run's tokenizer, loaded once per process (loading takes seconds)."""
     # here, not at the top: retool.backends.local imports torch (seconds to load)
     from retool.backends.local import load_tokenizer
@@ -102,7 +105,7 @@ def cached_tokenizer(name: str) -> Any:
 class TokenTable:
     """Decodes segments token by token into shared piece and segment tables."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.pieces: list[str] = []
         self.segments: list[list[int]] = []
@@ -325,7 +328,7 @@ def _load_dialect_parser(name: str | None) -> Callable[[str], Any] | None:
 class _Tokens:
     """The page's token table, loaded on the first RL step (or the reason it is not)."""
 
-    requested: Any  # write_report's tokenizer argument
+    requested: Tokenizer  # write_report's tokenizer argument
     table: TokenTable | None = None
     why_not: str = ""
     loaded: bool = False
@@ -420,7 +423,7 @@ def _sft_step(
     return shown, used, len(kept) - len(questions)
 
 
-def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
+def build_viewer(run: RunInputs, tokenizer: Tokenizer = None) -> ViewerData:
     """Select, parse and decode the rollouts of ``run`` (see the module docstring).
 
     ``tokenizer`` overrides loading the run's own (``model.base_model``); pass
@@ -498,7 +501,7 @@ def build_viewer(run: RunInputs, tokenizer: Any = None) -> ViewerData:
     return data
 
 
-def _token_table(run: RunInputs, tokenizer: Any) -> tuple[TokenTable | None, str]:
+def _token_table(run: RunInputs, tokenizer: Tokenizer) -> tuple[TokenTable | None, str]:
     if tokenizer is False:
         return None, "the tokenizer was not loaded (turned off)"
     if tokenizer is None:

@@ -77,7 +77,7 @@ from retool.backends.local.kv import (
     make_cache_empty,
 )
 from retool.backends.local.threads import mark_compute_thread
-from retool.types import SampledSequence, SampleResponse, SamplerStop, SamplingParams
+from retool.types import SampledSequence, SampleResponse, SamplerStop, SamplingParams, Tokenizer
 
 _SEED_STRIDE = 1_000_003
 _SPARE = 256  # batch cache columns allocated ahead of need (a copy every _SPARE steps at most)
@@ -135,7 +135,7 @@ class SamplingEngine:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_batch_rows: int = 64,
         prefix_cache_bytes: int = 1 << 30,
         max_context_tokens: int = 8192,

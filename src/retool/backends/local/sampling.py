@@ -10,7 +10,7 @@ import torch
 from retool.backends.local.engine import SamplingEngine
 from retool.backends.local.kv import PrefixStats
 from retool.backends.local.threads import run_in_worker
-from retool.types import Future, ModelInput, SampleResponse, SamplingParams
+from retool.types import Future, ModelInput, SampleResponse, SamplingParams, Tokenizer
 
 
 class LocalSamplingClient:
@@ -25,7 +25,7 @@ class LocalSamplingClient:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_context_tokens: int = 8192,
         prefix_cache_bytes: int = 1 << 30,
         name: str | None = None,
@@ -77,7 +77,7 @@ class LocalSamplingClient:
     def prefix_stats(self) -> PrefixStats:
         return self.engine.prefix_stats()
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     def close(self) -> None:

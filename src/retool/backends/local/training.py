@@ -25,7 +25,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -64,6 +64,7 @@ from retool.types import (
     OptimStepOutput,
     SaveStateOutput,
     TensorData,
+    Tokenizer,
 )
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class LocalTrainingClient:
     def __init__(
         self,
         model: PeftModel | PreTrainedModel,  # PEFT-wrapped for LoRA
-        tokenizer: Any,  # an HF tokenizer: any class transformers loads for the model
+        tokenizer: Tokenizer,  # an HF tokenizer: any class transformers loads for the model
         base_model: str,
         lora: LoraSpec | None,
         checkpoint_root: Path,
@@ -380,5 +381,5 @@ class LocalTrainingClient:
             on_close=self.snapshots.release,
         )
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

@@ -59,6 +59,7 @@ from retool.types import (
     SamplingParams,
     SaveStateOutput,
     TensorData,
+    Tokenizer,
 )
 
 if TYPE_CHECKING:  # config sits a floor above the backends: annotations only
@@ -74,7 +75,7 @@ class RemoteSamplingClient(abc.ABC):
         self,
         sdk_client: Any,  # the SDK's sampling client
         max_context_tokens: int | None = None,
-        tokenizer: Any = None,  # the SDK's (a Hugging Face tokenizer)
+        tokenizer: Tokenizer = None,  # the SDK's (a Hugging Face tokenizer)
         name: str | None = None,
     ) -> None:
         self.sdk = sdk_client
@@ -95,7 +96,7 @@ class RemoteSamplingClient(abc.ABC):
     def close(self) -> None:  # noqa: B027 - the service holds the snapshot, nothing to free here
         """Nothing to release: the snapshot lives on the service until the session ends."""
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 self._tokenizer = call(self.sdk.get_tokenizer, self.backend, "get_tokenizer")
@@ -176,7 +177,7 @@ class RemoteTrainingClient(abc.ABC):
         self.base_model = base_model
         self.lora_rank = lora_rank
         self.steps = steps  # optimizer steps taken (restored on resume)
-        self._tokenizer: Any = None  # the SDK's, loaded on first use
+        self._tokenizer: Tokenizer = None  # the SDK's, loaded on first use
         self._tokenizer_lock = threading.Lock()
 
     @property
@@ -188,7 +189,7 @@ class RemoteTrainingClient(abc.ABC):
         """The model's longest training sequence on this service, when the SDK reports it."""
         return None
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 self._tokenizer = call(self.sdk.get_tokenizer, self.backend, "get_tokenizer")
@@ -447,7 +448,7 @@ class RemoteServiceClient(abc.ABC):
         self,
         model_path: str | Path | None = None,
         base_model: str | None = None,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer = None,
     ) -> RemoteSamplingClient:
         """Sample from saved sampler weights (a pointer or a service URI) or a base model."""
         remote_path = None

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from retool.errors import BackendError
-from retool.types import SampledSequence, SamplerStop, TensorData
+from retool.types import SampledSequence, SamplerStop, TensorData, Tokenizer
 
 
 def our_tensor(array: Any) -> TensorData:
@@ -64,7 +64,7 @@ def stop_reason(raw: Any, num_tokens: int, max_tokens: int, backend: str) -> Sam
     raise BackendError(f"{backend}: the sampler stopped a sequence with reason {value!r}")
 
 
-def split_stops(stop: Sequence[str | int], tokenizer: Any) -> list[str] | list[int] | None:
+def split_stops(stop: Sequence[str | int], tokenizer: Tokenizer) -> list[str] | list[int] | None:
     """Our mixed stop list as one kind, which is all both SDKs accept.
 
     Both take stop strings *or* stop token ids, not both (pytrio/types/sample/

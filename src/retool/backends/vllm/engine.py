@@ -77,7 +77,7 @@ from retool.backends.vllm.sync import (
     remove_empty_dir,
 )
 from retool.errors import BackendError, DependencyError, SamplerDeadError
-from retool.types import Future, ModelInput, SampleResponse, SamplingParams
+from retool.types import Future, ModelInput, SampleResponse, SamplingParams, Tokenizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -380,7 +380,7 @@ class VllmSamplingClient:
     def __init__(
         self,
         engine: VllmEngine,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         expected_version: str,
         lora_request: Any = None,
     ) -> None:
@@ -455,7 +455,7 @@ class VllmSamplingClient:
             return Future.failed(exc)
         return Future.run(lambda: prompt_logprobs(raw.result().prompt_logprobs, tokens))
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     @property

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from retool.backends.vllm.convert import request_fields, sequence
 from retool.backends.vllm.endpoints import BACKEND
 from retool.errors import BackendError
-from retool.types import Future, ModelInput, SampleResponse, SamplingParams
+from retool.types import Future, ModelInput, SampleResponse, SamplingParams, Tokenizer
 
 if TYPE_CHECKING:  # servers makes these clients: annotations only, no import circle
     from retool.backends.vllm.servers import VllmServers
@@ -50,7 +50,7 @@ class ServerSamplingClient:
         self,
         servers: VllmServers,
         model: str,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_context_tokens: int | None = None,
     ) -> None:
         self.servers = servers
@@ -67,7 +67,7 @@ class ServerSamplingClient:
         """The servers' ``max_model_len`` (checked by the rollout)."""
         return self._max_context_tokens
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     def close(self) -> None:

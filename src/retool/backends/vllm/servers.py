@@ -55,7 +55,7 @@ from retool.backends.vllm.endpoints import (
 )
 from retool.backends.vllm.server_sampler import ServerSamplingClient
 from retool.errors import BackendError, ConfigError
-from retool.types import Future
+from retool.types import Future, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class VllmServers:
     def client(
         self,
         model: str,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_context_tokens: int | None = None,
     ) -> ServerSamplingClient:
         """A sampling client of the servers' ``model`` (an adapter name or the base)."""

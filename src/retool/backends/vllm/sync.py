@@ -37,10 +37,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.data.files import write_failure
 from retool.errors import BackendError
+
+if TYPE_CHECKING:
+    from retool.types import Tokenizer
 
 LORA_MARK = ".lora_"  # PEFT adapter parameters: never sent to the engine
 
@@ -87,7 +90,9 @@ def iter_weights(model: Any, merged: bool, dtype: Any = None) -> Iterator[tuple[
             yield name, value.contiguous()
 
 
-def export_model(model: Any, tokenizer: Any, target: Path, merged: bool, dtype: Any = None) -> Path:
+def export_model(
+    model: Any, tokenizer: Tokenizer, target: Path, merged: bool, dtype: Any = None
+) -> Path:
     """Write an HF model directory vLLM can start from (config, tokenizer, safetensors).
 
     All or nothing: the files go to a temporary sibling renamed to ``target``
