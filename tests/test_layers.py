@@ -4,7 +4,8 @@ The floors, from the ground up (a module may import its own floor and the
 floors below it, never one above)::
 
     0  retool, errors, checks, limits,          what every module may use (limits: the
-       interrupts                               bounds both a leaf and config check)
+       interrupts, atomic                       bounds both a leaf and config check;
+                                                atomic: the one atomic file write)
     1  types                                    the Tinker-shaped contract
     2  protocol, sandbox, reward, data,         the leaves: each owns one thing, and
        tracking, backends                       reads no run config (a backend's
