@@ -48,7 +48,9 @@ import numpy as np
 from retool.checks import check_number
 from retool.errors import ConfigError
 
-if TYPE_CHECKING:  # the sandbox's values, named in the Sandbox protocol only
+if TYPE_CHECKING:  # torch for TensorData.to_torch; the sandbox's values, for Sandbox only
+    import torch
+
     from retool.sandbox.result import ExecResult
     from retool.sandbox.stats import SandboxStats
 
@@ -129,7 +131,7 @@ class TensorData:
     def tolist(self) -> list[Any]:
         return self.to_numpy().tolist()
 
-    def to_torch(self) -> Any:
+    def to_torch(self) -> torch.Tensor:
         import torch
 
         return torch.from_numpy(self.to_numpy().copy())

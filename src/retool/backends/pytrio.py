@@ -31,6 +31,9 @@ the installed package). What differs from Tinker, and how it is bridged:
 * Credentials: ``PYTRIO_API_KEY`` or the profile ``trio login`` saves under
   ``~/.pytrio``, both read by the SDK at import (pytrio/config/config.py:
   ``load_login_config``, ``_apply_environment_configuration``).
+
+The SDK's objects (its module, clients, requests and replies) are typed ``Any``:
+they are the SDK's own classes, imported only when the backend is used.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ bridged:
 * Credentials: ``TINKER_API_KEY``, ``TINKER_CREDENTIAL_CMD`` or the key
   ``tinker auth login`` stores, checked locally by the SDK's own resolver
   (tinker/lib/_auth_token_provider.py: ``resolve_auth_provider``).
+
+The SDK's objects (its module, clients, requests and replies) are typed ``Any``:
+they are the SDK's own classes, imported only when the backend is used.
 """
 
 from __future__ import annotations

@@ -41,14 +41,17 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from retool.checks import check_number, format_bound
-from retool.config import load_config_given, parse_override
+from retool.config import RunConfig, load_config_given, parse_override
 from retool.data.files import check_output_dir
 from retool.errors import ConfigError, DependencyError
 from retool.interrupts import Interrupted
 from retool.tracking.factory import PACKAGES
+
+if TYPE_CHECKING:  # loaded by the commands that open a run, not by every command
+    from retool.training.run_dir import RunDirectory
 
 PRECEDENCE = "a flag > --set > the --config file > the built-in default"
 
@@ -205,7 +208,7 @@ class Idle:
     """Keys that have no effect while the resolved config is ``when`` (for every command)."""
 
     keys: frozenset[str]  # section.key
-    when: Callable[[Any], bool]  # the resolved RunConfig -> whether these keys do nothing
+    when: Callable[[RunConfig], bool]  # the resolved config -> whether these keys do nothing
     because: str  # the setting that makes them idle, as the user would write it
     instead: str  # what to do
 
@@ -235,7 +238,7 @@ IDLE = (
 )
 
 
-def check_idle(config: Any, overrides: Sequence[str], rules: Sequence[Idle] = IDLE) -> None:
+def check_idle(config: RunConfig, overrides: Sequence[str], rules: Sequence[Idle] = IDLE) -> None:
     """Refuse a ``--set`` that the resolved ``config`` makes a no-op (:data:`IDLE`)."""
     for text in overrides:
         key = _override_key(text)
@@ -253,7 +256,7 @@ def load_command_config(
     *,
     unused: Mapping[str, str] = {},
     flags: Sequence[str] = (),
-) -> Any:
+) -> RunConfig:
     """The run config of one command: ``--config``, then ``--set``, then ``flags`` (last wins).
 
     ``unused`` maps a section (``"data"``) or a key (``"rollout.group_size"``)
@@ -272,7 +275,7 @@ def load_command_config_given(
     *,
     unused: Mapping[str, str] = {},
     flags: Sequence[str] = (),
-) -> tuple[Any, frozenset[str]]:
+) -> tuple[RunConfig, frozenset[str]]:
     """:func:`load_command_config`, and the ``section.key`` names given (file, --set, flags)."""
     unused = {**UNUSED_BY_EVERY_COMMAND, **unused}
     for text in args.overrides:
@@ -379,7 +382,7 @@ def check_tracker(tracker: str | None) -> None:
             )
 
 
-def print_run(run: Any, then: str = "") -> None:
+def print_run(run: RunDirectory, then: str = "") -> None:
     """Where a training run lives and its last checkpoint."""
     print(f"run directory: {run.path}")
     last = run.last_checkpoint()

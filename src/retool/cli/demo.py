@@ -47,7 +47,7 @@ from retool.cli import eval as eval_command
 from retool.cli import report as report_command
 from retool.cli import sft, train
 from retool.cli.common import Parser, add_config_options
-from retool.config import load_config
+from retool.config import RunConfig, load_config
 from retool.data.demo import HELD_OUT_SPLITS, demo_problems
 from retool.data.files import check_output_dir
 from retool.diagnostics.selfcheck import run_selfcheck
@@ -179,7 +179,7 @@ def _command(argv: list[str]) -> None:
         raise ConfigError(f"`retool {argv[0]}` exited with status {status}; see above")
 
 
-def _check(config: Any) -> None:
+def _check(config: RunConfig) -> None:
     """Refuse settings no phase of the demo can honour."""
     if config.model.backend != "local":
         raise ConfigError(
@@ -207,7 +207,7 @@ def _check(config: Any) -> None:
             )
 
 
-def _held_out(config: Any) -> list[tuple[str, str]]:
+def _held_out(config: RunConfig) -> list[tuple[str, str]]:
     """``(config key, dataset)`` of each held-out evaluation, the main one first."""
     demo = config.demo
     pairs = [("eval_dataset", demo.eval_dataset)]
@@ -229,7 +229,7 @@ _ABOUT = {
 }
 
 
-def _plan(config: Any, problems: dict[str, int]) -> list[Phase]:
+def _plan(config: RunConfig, problems: dict[str, int]) -> list[Phase]:
     demo, rollout, train = config.demo, config.rollout, config.train
     evaluation = " and ".join(f"{n} problems of {spec}" for spec, n in problems.items())
     evaluation += f" x {demo.eval_n} samples"
@@ -267,7 +267,7 @@ def _plan(config: Any, problems: dict[str, int]) -> list[Phase]:
     return phases
 
 
-def quick(config: Any) -> Any:
+def quick(config: RunConfig) -> RunConfig:
     """``config`` with ``--quick``'s demo settings, which win over the file and ``--set``."""
     return dataclasses.replace(config, demo=dataclasses.replace(config.demo, **QUICK))
 
@@ -362,7 +362,7 @@ def new_run_root(parent: Path, stamp: str) -> Path:
     )
 
 
-def _pipeline(args: argparse.Namespace, config: Any, root: Path, clock: Clock) -> int:
+def _pipeline(args: argparse.Namespace, config: RunConfig, root: Path, clock: Clock) -> int:
     demo = config.demo
     # One file holds the effective settings (the --config file, --set and --quick):
     # every command gets it and nothing else, so each reads only the keys it uses

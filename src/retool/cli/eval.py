@@ -26,7 +26,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.backends import open_sampling_client, service_client
 from retool.backends.cleanup import close_all
@@ -56,6 +56,9 @@ from retool.reward import default_checker, load_reward_function
 from retool.sandbox import open_sandbox
 from retool.training.run_lock import lock_output
 from retool.training.ticker import keep_ticking
+
+if TYPE_CHECKING:
+    from retool.rollout.types import ProgressCallback, ProgressEvent
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -197,7 +200,8 @@ def _dataset_key(spec: str) -> str:
     return str(Path(spec).expanduser().resolve())
 
 
-def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
+def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, ProgressCallback]:
+    """A tqdm bar (tqdm's own object: ``Any``) and the progress callback that moves it."""
     from tqdm import tqdm
 
     bar = tqdm(
@@ -210,7 +214,7 @@ def _progress_bar(total: int, done: int, disable: bool) -> tuple[Any, Any]:
     )
     keep_ticking(bar, say_waiting=True)  # a straggler decoding is not a hang
 
-    def update(event: Any) -> None:
+    def update(event: ProgressEvent) -> None:
         if not event.reused:
             bar.update(event.count)
             bar.set_postfix_str(str(event.stop_reason))

@@ -30,15 +30,18 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool import __version__
-from retool.config import load_config
+from retool.config import RunConfig, SandboxConfig, load_config
 from retool.data import load_dataset
 from retool.data.files import check_output_dir
 from retool.diagnostics.sampler import sampler_rows
 from retool.errors import RetoolError
 from retool.sandbox import IsolationLevel, LocalSandbox
+
+if TYPE_CHECKING:  # the local backend imports torch: loaded only where a check needs it
+    from retool.backends.local.dtype import ModelShapes
 
 EXTRAS = ("local", "pytrio", "tinker", "track", "report")  # optional-dependency groups
 LOW_DISK = 2 << 30  # bytes: warn below this much free space for the run directory
@@ -147,7 +150,7 @@ def check_model(base_model: str, backend: str) -> Check:
     return Check("model", "ok", f"{base_model} -> {where}{kind}")
 
 
-def model_shapes(base_model: str) -> Any:
+def model_shapes(base_model: str) -> ModelShapes | None:
     """The model's projection shapes from its config alone (no weights), or None."""
     from retool.backends.local.dtype import ModelShapes
     from retool.backends.local.models import cache_dir, file_digest, resolve_model
@@ -173,7 +176,7 @@ class _Namespace:
         self.__dict__.update(values)
 
 
-def check_numerics(config: Any, run_dir: str | None) -> Check:
+def check_numerics(config: RunConfig, run_dir: str | None) -> Check:
     """What ``model.dtype`` means per role here: a run's record, else measured now."""
     model = config.model
     if model.backend != "local":
@@ -213,7 +216,7 @@ def check_data(spec: str, name: str) -> Check:
     return Check(name, "ok", f"{spec}: {len(examples)} questions")
 
 
-def check_sandbox(sandbox_config: Any) -> Check:
+def check_sandbox(sandbox_config: SandboxConfig) -> Check:
     """The isolation level the local sandbox reaches here, and what is missing."""
     backend = getattr(sandbox_config, "backend", "local")
     if backend != "local":

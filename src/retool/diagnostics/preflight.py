@@ -32,8 +32,9 @@ from __future__ import annotations
 import math
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from retool.backends import open_sampling_client, service_client
 from retool.config import RunConfig
@@ -47,6 +48,11 @@ from retool.training.datum import build_datum, build_training_datums, datum_loss
 from retool.training.numerics import check_supported
 from retool.training.run_dir import resolve_checkpoint
 from retool.training.session import new_trainer, service_options
+from retool.types import SamplingClient, ServiceClient
+
+if TYPE_CHECKING:
+    from retool.backends.local.service import LocalServiceClient
+    from retool.rollout import ProgressCallback, Trajectory
 
 BUDGET_STOPS = (
     StopReason.BUDGET_EXHAUSTED,
@@ -304,7 +310,9 @@ def _verdict(r: PreflightReport) -> str:
     )
 
 
-def open_policy(service: Any, config: RunConfig, init_from: str | None) -> tuple[Any, str]:
+def open_policy(
+    service: ServiceClient, config: RunConfig, init_from: str | None
+) -> tuple[SamplingClient, str]:
     """The sampling client step 1 would use, and its name.
 
     Without ``--init-from`` it is the base model (a new LoRA adapter starts
@@ -325,7 +333,7 @@ def run_preflight(
     questions: int = 4,
     group_size: int | None = None,
     init_from: str | None = None,
-    progress: Any = None,
+    progress: ProgressCallback | None = None,
 ) -> PreflightReport:
     """Roll out ``questions`` x ``group_size`` (default ``rollout.group_size``) and assess."""
     check_supported(config)
@@ -372,7 +380,10 @@ def run_preflight(
 
 
 def measure_mismatch(
-    service: Any, config: RunConfig, init_from: str | None, trajectories: Any
+    service: ServiceClient,
+    config: RunConfig,
+    init_from: str | None,
+    trajectories: Sequence[Trajectory],
 ) -> str:
     """The chosen numerics and ``sampler_kl`` of the sample, from one trainer forward.
 
@@ -391,7 +402,8 @@ def measure_mismatch(
         item = build_datum(replace(trajectory, advantage=1.0), config.train.max_train_tokens, index)
         if datum_loss_tokens(item.datum):
             datums.append(item.datum)
-    summary = service.numerics.summary() if service.numerics is not None else "?"
+    numerics = cast("LocalServiceClient", service).numerics  # backend = "local" here
+    summary = numerics.summary() if numerics is not None else "?"
     if not datums:
         return f"{summary}; no sampled tokens to measure the mismatch on"
     total = clipped = tokens = 0.0

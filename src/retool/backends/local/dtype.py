@@ -71,7 +71,12 @@ import platform
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # config sits a floor above the backends: annotations only
+    import torch
+
+    from retool.config import RunConfig
 
 BF16_MARGIN = 1.2  # bf16 must be this many times faster to be chosen
 MAX_OUT = 2048  # wider projections are timed at this width and scaled
@@ -95,7 +100,7 @@ class ModelShapes:
     layers: int
 
     @classmethod
-    def from_config(cls, config: Any) -> ModelShapes:
+    def from_config(cls, config: Any) -> ModelShapes:  # an HF model config, or its JSON's keys
         hidden = int(config.hidden_size)
         heads = int(getattr(config, "num_attention_heads", 1) or 1)
         head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)
@@ -138,7 +143,7 @@ class Workload:
     train_rows: int = 4096  # positions per forward_backward (micro-batch rows x tokens)
 
     @classmethod
-    def from_config(cls, config: Any) -> Workload:
+    def from_config(cls, config: RunConfig) -> Workload:
         """From a :class:`~retool.config.RunConfig`."""
         rollout, train = config.rollout, config.train
         decode = min(train.questions_per_batch * rollout.group_size, rollout.max_in_flight_samples)
@@ -380,7 +385,7 @@ def time_projections(
     return total, True
 
 
-def time_model_decode(model: Any, device: str = "cpu") -> Timer:
+def time_model_decode(model: torch.nn.Module, device: str = "cpu") -> Timer:
     """A timer of the real model's one-token forward at ``rows`` rows (the sampler's step).
 
     A decode step reads every weight once per step for a few rows, so what it
@@ -476,7 +481,7 @@ def resolve_numerics(
 _MEASURED: dict[tuple[ModelShapes, Workload, str, bool], Numerics] = {}
 
 
-def frozen_in_bfloat16(model: Any) -> int:
+def frozen_in_bfloat16(model: torch.nn.Module) -> int:
     """Hold every frozen float32 parameter of ``model`` in bf16; returns how many.
 
     For a LoRA trainer under a bf16 autocast: the trainable adapter weights

@@ -60,7 +60,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -78,6 +78,9 @@ from retool.backends.local.kv import (
 )
 from retool.backends.local.threads import mark_compute_thread
 from retool.types import SampledSequence, SampleResponse, SamplerStop, SamplingParams, Tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _SEED_STRIDE = 1_000_003
 _SPARE = 256  # batch cache columns allocated ahead of need (a copy every _SPARE steps at most)
@@ -134,7 +137,7 @@ class SamplingEngine:
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         tokenizer: Tokenizer,
         max_batch_rows: int = 64,
         prefix_cache_bytes: int = 1 << 30,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +11,9 @@ from retool.backends.local.engine import SamplingEngine
 from retool.backends.local.kv import PrefixStats
 from retool.backends.local.threads import run_in_worker
 from retool.types import Future, ModelInput, SampleResponse, SamplingParams, Tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class LocalSamplingClient:
@@ -24,12 +27,12 @@ class LocalSamplingClient:
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         tokenizer: Tokenizer,
         max_context_tokens: int = 8192,
         prefix_cache_bytes: int = 1 << 30,
         name: str | None = None,
-        on_close: Callable[[Any], None] | None = None,
+        on_close: Callable[[PreTrainedModel], None] | None = None,
         lean_decode: bool = True,
     ) -> None:
         self.name = name

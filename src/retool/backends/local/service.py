@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,10 @@ from retool.backends.local.training import (
     LoraSpec,
 )
 from retool.errors import BackendError, ConfigError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -100,14 +104,14 @@ class LocalServiceClient:
         if self.device.type == "cpu":
             release_large_blocks_to_os()  # see allocator.py: 3x lower peak RSS in training
 
-    def _model(self, base_model: str, seed: int | None) -> Any:
+    def _model(self, base_model: str, seed: int | None) -> PreTrainedModel:
         model = run_in_worker(
             lambda: load_model(base_model, dtype=self.dtype, seed=seed or 0).to(self.device)
         )
         self.resolve_numerics(model)
         return model
 
-    def resolve_numerics(self, model: Any) -> Numerics:
+    def resolve_numerics(self, model: PreTrainedModel) -> Numerics:
         """The per-role dtypes (measured once, on the first model, for ``auto``)."""
         if self.numerics is None:
             device = str(self.device)
@@ -134,7 +138,9 @@ class LocalServiceClient:
         autocast = torch.bfloat16 if self.numerics.trainer == "bfloat16" else None
         return autocast, _DTYPES[self.numerics.sampler]
 
-    def _trainer(self, model: Any, base_model: str, lora: LoraSpec | None) -> LocalTrainingClient:
+    def _trainer(
+        self, model: PeftModel | PreTrainedModel, base_model: str, lora: LoraSpec | None
+    ) -> LocalTrainingClient:
         autocast, sampler_dtype = self._role_dtypes()
         return LocalTrainingClient(
             model,
@@ -149,7 +155,7 @@ class LocalServiceClient:
             compile_choice=self.compile,
         )
 
-    def _sampler_weights(self, model: Any) -> Any:
+    def _sampler_weights(self, model: PreTrainedModel) -> PreTrainedModel:
         return model.to(self._role_dtypes()[1])
 
     def create_lora_training_client(
@@ -248,12 +254,9 @@ class LocalServiceClient:
             else:
                 from peft import PeftModel
 
-                base_model = self._model(base, None)
+                base_weights = self._model(base, None)
                 model = run_in_worker(
-                    lambda: PeftModel.from_pretrained(
-                        base_model,  # type: ignore[arg-type]  # _model returns a torch Module
-                        str(root),
-                    ).merge_and_unload()
+                    lambda: PeftModel.from_pretrained(base_weights, str(root)).merge_and_unload()
                 )
         except SafetensorError as exc:  # a truncated or overwritten weights file
             raise BackendError(

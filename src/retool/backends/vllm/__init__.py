@@ -23,7 +23,7 @@ project imports and tests without it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from retool.backends.vllm.engine import (
     EngineOptions,
@@ -34,8 +34,10 @@ from retool.backends.vllm.engine import (
     policy_version,
 )
 from retool.backends.vllm.server_policy import ServerPolicySampler, open_server_sampler
+from retool.types import TrainingClient
 
-if TYPE_CHECKING:  # config sits a floor above the backends: annotations only
+if TYPE_CHECKING:  # annotations only: config sits a floor above, the local trainer loads torch
+    from retool.backends.local.training import LocalTrainingClient
     from retool.config import RunConfig
 
 __all__ = [
@@ -66,7 +68,7 @@ def engine_options(config: RunConfig) -> EngineOptions:
 
 
 def open_policy_sampler(
-    config: RunConfig, trainer: Any, work_dir: str | Path
+    config: RunConfig, trainer: TrainingClient, work_dir: str | Path
 ) -> VllmPolicySampler | ServerPolicySampler | None:
     """The run's vLLM sampler for ``sampler.engine = "vllm"``; ``None`` for the local one.
 
@@ -78,4 +80,6 @@ def open_policy_sampler(
         return None
     if sampler.url_list:  # vllm serve endpoints: the adapter published to each
         return open_server_sampler(config, trainer)
-    return VllmPolicySampler(trainer, sampler.sync, engine_options(config), Path(work_dir) / "vllm")
+    # the in-process engine's trainer is the local one: RunConfig refuses any other backend
+    local = cast("LocalTrainingClient", trainer)
+    return VllmPolicySampler(local, sampler.sync, engine_options(config), Path(work_dir) / "vllm")

@@ -63,7 +63,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -78,6 +78,9 @@ from retool.backends.vllm.sync import (
 )
 from retool.errors import BackendError, DependencyError, SamplerDeadError
 from retool.types import Future, ModelInput, SampleResponse, SamplingParams, Tokenizer
+
+if TYPE_CHECKING:  # the in-process engine runs beside the local trainer only
+    from retool.backends.local.training import LocalTrainingClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -481,8 +484,10 @@ class VllmPolicySampler(StepSynced):
     from the base weights and each step's adapter is a new ``LoRARequest``.
     """
 
+    trainer: LocalTrainingClient  # its model is exported and synced in place
+
     def __init__(
-        self, trainer: Any, sync: str, options: EngineOptions, work_dir: str | Path
+        self, trainer: LocalTrainingClient, sync: str, options: EngineOptions, work_dir: str | Path
     ) -> None:
         if sync not in ("lora", "merged"):
             raise BackendError(f"vllm: sync must be lora or merged, got {sync!r}")

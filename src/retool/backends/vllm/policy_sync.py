@@ -12,7 +12,8 @@ timing the README figures and ``bench/`` read, is this one mixin's.
 from __future__ import annotations
 
 import time
-from typing import Any
+
+from retool.types import TrainingClient
 
 
 class StepSynced:
@@ -22,7 +23,7 @@ class StepSynced:
     ``sync_seconds`` (one entry per sync) and implements :meth:`_sync`.
     """
 
-    trainer: Any
+    trainer: TrainingClient
     synced_step: int | None
     sync_seconds: list[float]
 

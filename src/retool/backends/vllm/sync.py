@@ -37,28 +37,36 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from retool.data.files import write_failure
 from retool.errors import BackendError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and transformers load when a sampler starts, not on import
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
     from retool.types import Tokenizer
 
 LORA_MARK = ".lora_"  # PEFT adapter parameters: never sent to the engine
 
 
-def causal_lm(model: Any) -> Any:
+def causal_lm(model: PeftModel | PreTrainedModel) -> PreTrainedModel:
     """The transformers model under a PEFT wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    lm = get_base_model() if get_base_model is not None else model
+    return cast("PreTrainedModel", lm)  # PeftModel.get_base_model(): the model it wraps
 
 
-def _lora_layers(lm: Any) -> dict[str, Any]:
+def _lora_layers(lm: torch.nn.Module) -> dict[str, Any]:
     """``{module name: PEFT LoRA layer}`` for every adapted linear layer."""
     return {name: m for name, m in lm.named_modules() if hasattr(m, "lora_A")}
 
 
-def iter_weights(model: Any, merged: bool, dtype: Any = None) -> Iterator[tuple[str, Any]]:
+def iter_weights(
+    model: PeftModel | PreTrainedModel, merged: bool, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``(HF name, tensor)`` of every weight of the causal LM, detached (views where possible).
 
     ``merged`` adds each LoRA layer's delta to its base weight (in float32,
@@ -91,7 +99,11 @@ def iter_weights(model: Any, merged: bool, dtype: Any = None) -> Iterator[tuple[
 
 
 def export_model(
-    model: Any, tokenizer: Tokenizer, target: Path, merged: bool, dtype: Any = None
+    model: PeftModel | PreTrainedModel,
+    tokenizer: Tokenizer,
+    target: Path,
+    merged: bool,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write an HF model directory vLLM can start from (config, tokenizer, safetensors).
 
