@@ -66,6 +66,10 @@ REFUSED = [
          "does not use sampler.kv_cache_gb"),
     case("rollout-cost", "rollout --set cost.sample_price=1", "does not use cost.sample_price"),
     case("train-demo", "train --set demo.rl_steps=2", "`retool train` does not use demo.rl_steps"),
+    case("preflight-demo", "preflight --set demo.eval_n=2",
+         "`retool preflight` does not use demo.eval_n"),
+    case("preflight-idle-vllm-key", "preflight --set sampler.dtype=bfloat16",
+         "sampler.dtype has no effect while sampler.engine = \"local\""),
     # keys the resolved settings make a no-op
     case("train-vllm-dtype-local-engine", "train --set sampler.dtype=bfloat16",
          "sampler.dtype has no effect while sampler.engine = \"local\"",

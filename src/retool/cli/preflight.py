@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from retool.cli.common import add_config_options, add_number
-from retool.config import load_config
+from retool.cli.common import add_config_options, add_number, load_command_config
 from retool.diagnostics.preflight import run_preflight
 
 
@@ -46,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    config = load_config(args.config, args.overrides)
+    config = load_command_config(args, "preflight")  # a --set it never reads is refused
     group = args.group_size or config.rollout.group_size
     bar = tqdm(
         total=args.questions * group,

@@ -41,6 +41,7 @@ LIBRARIES = (
     "httpx",
     "httpcore",
     "urllib3",
+    "vllm",
 )
 ENVIRONMENT = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",

@@ -77,15 +77,15 @@ def infrastructure_stop(
             plural = "retry" if retries == 1 else "retries"
             parts.append(f"{n} in the {where} after {retries} {plural} each")
     error = _last_error(trajectories)
-    kept = (
-        f"step {completed} is the last completed one and keeps its checkpoint"
-        if completed
-        else "no step was completed"
-    )
+    if completed:
+        kept = f"step {completed} is the last completed one and keeps its checkpoint"
+        then = "run the same command with --resume"
+    else:  # a new run's directory holds nothing to resume and is removed on the way out
+        kept, then = "no step was completed", "run the same command again"
     return (
         f"step {step}: all {len(trajectories)} trajectories failed ({', '.join(parts)}"
         f"{f'; last error: {error}' if error else ''}); the run stops, {kept}; "
-        "once the service works again, run the same command with --resume"
+        f"once the service works again, {then}"
     )
 
 
