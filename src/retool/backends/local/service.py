@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -17,6 +17,7 @@ from retool.backends.local.allocator import release_large_blocks_to_os
 from retool.backends.local.checkpoints import read_state_meta
 from retool.backends.local.compiled import REQUESTS as COMPILE_REQUESTS
 from retool.backends.local.compiled import CompileChoice, resolve_compile
+from retool.backends.local.distributed import world
 from retool.backends.local.dtype import (
     ModelShapes,
     Numerics,
@@ -85,6 +86,19 @@ class LocalServiceClient:
             )
         if max_context_tokens <= 0:
             raise ConfigError(f"max_context_tokens must be > 0, got {max_context_tokens}")
+        # What another rank of a torchrun group needs to build this service's twin.
+        self.options: dict[str, Any] = {
+            "device": device,
+            "dtype": dtype,
+            "checkpoint_root": str(checkpoint_root),
+            "max_context_tokens": max_context_tokens,
+            "gradient_checkpointing": gradient_checkpointing,
+            "workload": workload,
+            "compile": compile,
+        }
+        self.world = world()
+        if self.world.distributed and device.startswith("cuda"):
+            device = f"cuda:{self.world.local_rank}"  # one GPU per rank (torchrun's LOCAL_RANK)
         self.device = torch.device(device)
         self.requested_dtype = dtype
         # Weights load in float32 (the trainer's master copy) unless float16 is asked for.
@@ -138,22 +152,62 @@ class LocalServiceClient:
         autocast = torch.bfloat16 if self.numerics.trainer == "bfloat16" else None
         return autocast, _DTYPES[self.numerics.sampler]
 
-    def _trainer(
-        self, model: PeftModel | PreTrainedModel, base_model: str, lora: LoraSpec | None
-    ) -> LocalTrainingClient:
+    def trainer_options(self, base_model: str) -> dict[str, Any]:
+        """The keyword arguments of a training client of ``base_model`` but its model and
+        adapter shape."""
         autocast, sampler_dtype = self._role_dtypes()
-        return LocalTrainingClient(
-            model,
-            load_tokenizer(base_model),
-            base_model,
-            lora,
-            self.checkpoint_root,
-            self.max_context_tokens,
-            self.gradient_checkpointing,
-            autocast_dtype=autocast,
-            sampler_dtype=sampler_dtype,
-            compile_choice=self.compile,
+        return {
+            "tokenizer": load_tokenizer(base_model),
+            "base_model": base_model,
+            "checkpoint_root": self.checkpoint_root,
+            "max_context_tokens": self.max_context_tokens,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "autocast_dtype": autocast,
+            "sampler_dtype": sampler_dtype,
+            "compile_choice": self.compile,
+        }
+
+    def _trainer(
+        self,
+        model: PeftModel | PreTrainedModel,
+        base_model: str,
+        lora: LoraSpec | None,
+        seed: int | None,
+    ) -> LocalTrainingClient:
+        if self.world.distributed:  # under torchrun: every rank holds a shard (FSDP2)
+            from retool.backends.local.distributed_trainer import sharded_trainer
+
+            return sharded_trainer(self, model, lora, seed, self.trainer_options(base_model))
+        return LocalTrainingClient(model=model, lora=lora, **self.trainer_options(base_model))
+
+    def build_model(
+        self, base_model: str, lora: LoraSpec | None, seed: int | None
+    ) -> PeftModel | PreTrainedModel:
+        """The model a training client trains: with a new LoRA adapter (``lora``), or with
+        every weight trainable (``None``)."""
+        model = self._model(base_model, seed)
+        if lora is None:
+            for parameter in model.parameters():
+                parameter.requires_grad_(True)
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        if seed is not None:
+            torch.manual_seed(seed)  # the adapter's initial A matrices
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            target_modules=list(lora.target_modules),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
         )
+        peft_model = run_in_worker(lambda: get_peft_model(model, config))
+        # A sharded trainer keeps the frozen base in float32: FSDP2 wants one dtype per
+        # shard group (verl#3470); on GPUs its MixedPrecisionPolicy computes in bf16.
+        if self._role_dtypes()[0] is not None and not self.world.distributed:
+            frozen_in_bfloat16(peft_model)
+        return peft_model
 
     def _sampler_weights(self, model: PreTrainedModel) -> PreTrainedModel:
         return model.to(self._role_dtypes()[1])
@@ -167,8 +221,6 @@ class LocalServiceClient:
         target_modules: tuple[str, ...] | None = None,
     ) -> LocalTrainingClient:
         """A client that trains a LoRA adapter (attention and MLP projections by default)."""
-        from peft import LoraConfig, get_peft_model
-
         if rank <= 0:
             raise ConfigError(f"LoRA rank must be >= 1, got {rank}")
         spec = LoraSpec(
@@ -176,21 +228,7 @@ class LocalServiceClient:
             alpha=alpha or rank,
             target_modules=tuple(target_modules or DEFAULT_TARGET_MODULES),
         )
-        model = self._model(base_model, seed)
-        if seed is not None:
-            torch.manual_seed(seed)  # the adapter's initial A matrices
-        config = LoraConfig(
-            r=spec.rank,
-            lora_alpha=spec.alpha,
-            target_modules=list(spec.target_modules),
-            lora_dropout=0.0,
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        peft_model = run_in_worker(lambda: get_peft_model(model, config))
-        if self._role_dtypes()[0] is not None:
-            frozen_in_bfloat16(peft_model)
-        return self._trainer(peft_model, base_model, spec)
+        return self._trainer(self.build_model(base_model, spec, seed), base_model, spec, seed)
 
     def create_training_client(
         self, base_model: str, full: bool = True, seed: int | None = None
@@ -198,10 +236,7 @@ class LocalServiceClient:
         """A client that trains every weight (small models only)."""
         if not full:
             return self.create_lora_training_client(base_model, seed=seed)
-        model = self._model(base_model, seed)
-        for parameter in model.parameters():
-            parameter.requires_grad_(True)
-        return self._trainer(model, base_model, None)
+        return self._trainer(self.build_model(base_model, None, seed), base_model, None, seed)
 
     def _client_for_state(self, path: str | Path) -> LocalTrainingClient:
         meta = read_state_meta(Path(path))
@@ -340,3 +375,26 @@ def read_sampler_info(root: Path) -> tuple[str, bool]:
             "with save_weights_for_sampler"
         )
     return info["base_model"], info["merged"]
+
+
+def serve_calls() -> None:
+    """A rank other than 0 of a torchrun job: build the driver's trainers (its twins of
+    this service) and run their calls until the driver exits (``distributed_trainer.py``)."""
+    from retool.backends.local import distributed
+    from retool.backends.local.distributed_trainer import ShardedTrainingClient
+
+    trainers: dict[int, ShardedTrainingClient] = {}
+    while True:
+        call = distributed.receive()
+        if call[0] == "exit":
+            return
+        if call[0] == "build":
+            _, key, service_options, base_model, lora, seed = call
+            service = LocalServiceClient(**service_options)
+            model = service.build_model(base_model, lora, seed)
+            trainers[key] = cast(
+                ShardedTrainingClient, service._trainer(model, base_model, lora, seed)
+            )
+            continue
+        _, key, method, args = call
+        trainers[key].collective(method, *args)

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -40,6 +40,7 @@ from retool.backends.local.checkpoints import (
     write_state,
 )
 from retool.backends.local.forward import (
+    PaddedBatch,
     flat_input,
     pad_batch,
     recompute_layers,
@@ -80,6 +81,15 @@ DEFAULT_TARGET_MODULES = (
     "up_proj",
     "down_proj",
 )
+
+
+@dataclass(frozen=True)
+class LoadedState:
+    """A ``save_state`` checkpoint as read (:meth:`LocalTrainingClient.read_checkpoint`)."""
+
+    weights: dict[str, torch.Tensor]  # trainable weights by name, full tensors on the CPU
+    training: dict[str, Any] | None  # optimizer and generator states; None: weights only
+    steps: int  # optimizer steps taken (read with the training state, else 0)
 
 
 @dataclass(frozen=True)
@@ -182,21 +192,29 @@ class LocalTrainingClient:
                         f"datum {i} lacks loss_fn_inputs[{key!r}] needed by {loss_fn}"
                     )
 
+    def _logprobs(self, batch: PaddedBatch) -> torch.Tensor:
+        """``[datums, width]`` target logprobs of ``batch`` (the sharded trainer runs them
+        through its FSDP root, so that its parameters are gathered for the call)."""
+        return target_logprobs(
+            self._causal_lm(), batch, self.logits_chunk_tokens, self.share_prefix
+        )
+
     def _run(
         self,
         data: Sequence[Datum],
         loss_fn: str,
         config: Mapping[str, float] | None,
         backward: bool,
+        loss_scale: float = 1.0,
     ) -> ForwardBackwardOutput:
+        """One call on ``data``; ``loss_scale`` multiplies the loss before the backward pass
+        (0: a rank with no datums of its own still takes part in the collectives)."""
         self._check(data, loss_fn)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         batch = pad_batch(data, pad, self.device)
         with torch.set_grad_enabled(backward):
             with self._autocast():
-                logprobs = target_logprobs(
-                    self._causal_lm(), batch, self.logits_chunk_tokens, self.share_prefix
-                )
+                logprobs = self._logprobs(batch)
             flat = logprobs[batch.mask.bool()]
             inputs = {
                 key: flat_input(data, key, self.device)
@@ -213,7 +231,7 @@ class LocalTrainingClient:
             )
             loss, metrics = compute_loss(loss_fn, flat, inputs, config, segments=segments)
             if backward:
-                loss.backward()
+                (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         per_datum = []
         offset = 0
         detached = flat.detach().cpu().numpy()
@@ -273,8 +291,7 @@ class LocalTrainingClient:
                 limit = (
                     adam_params.grad_clip_norm if adam_params.grad_clip_norm > 0 else float("inf")
                 )
-                grads = [p for p in self._params if p.grad is not None]
-                norm = float(torch.nn.utils.clip_grad_norm_(grads, limit)) if grads else 0.0
+                norm = self._clip_gradients(limit)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 self.steps += 1
@@ -288,19 +305,33 @@ class LocalTrainingClient:
 
         return Future.run(lambda: run_in_worker(run))
 
+    def _clip_gradients(self, limit: float) -> float:
+        """Clip the accumulated gradients to global norm ``limit``; their norm before."""
+        grads = [p for p in self._params if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(grads, limit)) if grads else 0.0
+
     # -- checkpoints (checkpoints.py) -----------------------------------------
+    writes_files = True  # False on a sharded trainer's ranks other than 0 (they only gather)
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().cpu().clone() for n, p in zip(self._names, self._params, strict=True)}
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """The optimizer's ``state_dict()`` (None before the first step)."""
+        return self._optimizer.state_dict() if self._optimizer else None
 
     def save_state(self, name: str) -> Future[SaveStateOutput]:
         def run() -> SaveStateOutput:
             with self._lock:
                 final = self.checkpoint_root / "state" / name
+                trainable, optimizer = self.trainable_state(), self.optimizer_state()
+                if not self.writes_files:
+                    return SaveStateOutput(str(final))
                 with atomic_directory(final) as tmp:
                     write_state(
                         tmp,
-                        self.trainable_state(),
-                        self._optimizer.state_dict() if self._optimizer else None,
+                        trainable,
+                        optimizer,
                         {
                             "base_model": self.base_model,
                             "lora": asdict(self.lora) if self.lora else None,
@@ -326,30 +357,41 @@ class LocalTrainingClient:
 
     def _load(self, root: Path, with_optimizer: bool) -> None:
         with self._lock:
-            meta = read_state_meta(root)
-            if meta["base_model"] != self.base_model:
-                raise BackendError(
-                    f"{root}: checkpoint of {meta['base_model']!r}, this "
-                    f"client trains {self.base_model!r}"
-                )
-            weights = read_trainable(root)
-            missing = set(self._names) - set(weights)
-            if missing:
-                raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
-            with torch.no_grad():
-                for name, param in zip(self._names, self._params, strict=True):
-                    param.copy_(weights[name].to(param.device, param.dtype))
-            if not with_optimizer:
-                self._optimizer = None
-                return
-            state = read_training_state(root)
-            if state["optimizer"] is not None:
-                self._optimizer = torch.optim.AdamW(self._params)
-                self._optimizer.load_state_dict(state["optimizer"])
-            else:
-                self._optimizer = None
-            restore_rng(state)
-            self.steps = int(meta["steps"])
+            self.apply_checkpoint(self.read_checkpoint(root, with_optimizer))
+
+    def read_checkpoint(self, root: Path, with_optimizer: bool) -> LoadedState:
+        """A ``save_state`` directory read and checked against this client (nothing changed)."""
+        meta = read_state_meta(root)
+        if meta["base_model"] != self.base_model:
+            raise BackendError(
+                f"{root}: checkpoint of {meta['base_model']!r}, this "
+                f"client trains {self.base_model!r}"
+            )
+        weights = read_trainable(root)
+        missing = set(self._names) - set(weights)
+        if missing:
+            raise BackendError(f"{root}: checkpoint lacks {sorted(missing)[:3]}...")
+        if not with_optimizer:
+            return LoadedState(weights, None, 0)
+        return LoadedState(weights, read_training_state(root), int(meta["steps"]))
+
+    def apply_checkpoint(self, loaded: LoadedState) -> None:
+        """Put a read checkpoint in place: weights; with the optimizer, its moments, the
+        random generators and the step counter."""
+        with torch.no_grad():
+            for name, param in zip(self._names, self._params, strict=True):
+                param.copy_(loaded.weights[name].to(param.device, param.dtype))
+        state = loaded.training
+        if state is None:
+            self._optimizer = None
+            return
+        if state["optimizer"] is not None:
+            self._optimizer = torch.optim.AdamW(self._params)
+            self._optimizer.load_state_dict(state["optimizer"])
+        else:
+            self._optimizer = None
+        restore_rng(state)
+        self.steps = loaded.steps
 
     # -- sampling (snapshots.py) ----------------------------------------------
     def save_weights_for_sampler(self, name: str, merge: bool = False) -> Future[SaveStateOutput]:
@@ -363,8 +405,9 @@ class LocalTrainingClient:
                     self.snapshots.copy().save_pretrained(tmp, safe_serialization=True)
                     self.tokenizer.save_pretrained(tmp)
                 else:
-                    with self._lock:
-                        self.model.save_pretrained(str(tmp))
+                    with self._lock:  # the pool's source: the trained model, or its full copy
+                        source = cast("PeftModel", self.snapshots.model)
+                        source.save_pretrained(str(tmp))
                 write_sampler_meta(tmp, self.base_model, merged)
             return SaveStateOutput(str(final))
 
