@@ -70,4 +70,4 @@ def step(out: str, kind: str, checkpoint_root: str) -> int:
 
 if __name__ == "__main__":
     out, kind, root = sys.argv[1:4]
-    sys.exit(run_command(lambda: step(out, kind, root), serve_calls))
+    sys.exit(run_command(lambda: step(out, kind, root), lambda: serve_calls() or 0))

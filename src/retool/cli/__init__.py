@@ -84,6 +84,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"retool: error: {empty}", file=sys.stderr)
         return 2
     quiet_leftover_interrupts()
+    ranks = torchrun_world_size()
+    if ranks is None:
+        print("retool: error: WORLD_SIZE must be an integer (torchrun sets it)", file=sys.stderr)
+        return 2
+    if ranks > 1:
+        return _under_torchrun(parser, argv)
+    return _run(parser, argv)
+
+
+def torchrun_world_size() -> int | None:
+    """``WORLD_SIZE`` as torchrun sets it (1 without torchrun; None if not a number), read
+    here so that a command without torchrun never imports torch.distributed."""
+    text = os.environ.get("WORLD_SIZE", "").strip()
+    return int(text) if text.isdigit() else (1 if not text else None)
+
+
+def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """One rank of ``torchrun --nproc-per-node N -m retool ...``: rank 0 runs the command
+    as in one process, the others only serve its trainer's calls (they write, print and
+    open nothing), until rank 0's command ends (``backends/local/distributed.py``)."""
+    from retool.backends.local.distributed import run_command, world
+    from retool.backends.local.service import serve_calls
+
+    def serve() -> int:
+        with stop_on_signals():
+            try:
+                serve_calls()
+                return 0
+            except KeyboardInterrupt as exc:  # torchrun passes Ctrl-C on to every rank
+                return exit_status(exc)
+            except RetoolError as exc:
+                rank = world().rank
+                print(f"retool: error: rank {rank}: {streams.one_line(str(exc))}", file=sys.stderr)
+                return 2
+
+    try:
+        return run_command(lambda: _run(parser, argv), serve)
+    except RetoolError as exc:  # the group could not form: torchrun's environment
+        print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
+        return 2
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse ``argv`` and run its subcommand: see the module docstring for how it ends."""
     with stop_on_signals():
         try:
             args = parser.parse_args(argv)

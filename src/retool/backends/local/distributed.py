@@ -208,7 +208,7 @@ def merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def run_command(command: Callable[[], int], serve: Callable[[], None]) -> int:
+def run_command(command: Callable[[], int], serve: Callable[[], int]) -> int:
     """Under torchrun: join the group; rank 0 runs ``command`` and then releases the
     others, which ``serve`` until then. Returns the rank's exit status."""
     me = init_group()
@@ -216,8 +216,7 @@ def run_command(command: Callable[[], int], serve: Callable[[], None]) -> int:
         return command()
     try:
         if not me.driver:
-            serve()
-            return 0
+            return serve()
         try:
             return command()
         finally:

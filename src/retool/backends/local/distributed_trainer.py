@@ -16,6 +16,13 @@ bf16, reduce_dtype=fp32)``, on CPU through the one-process trainer's autocast.
 The initial weights are rank 0's (broadcast before sharding), so a LoRA
 adapter drawn without a seed is the same on every rank.
 
+**The same collectives on every rank.** FSDP2 all-gathers a layer's weights
+in each forward of it and reduce-scatters its gradient in the backward: every
+rank must run each layer the same number of times. So a sharded trainer never
+computes a prefix its datums share once (that path runs the decoder twice,
+and only where a rank's datums share one); the layers it recomputes are the
+same on every rank.
+
 **The same update as one process.** Each ``forward``/``forward_backward``
 call reaches every rank with all its datums; each rank takes its share
 (``distributed.split_by_tokens``) and computes the built-in loss, a SUM over
@@ -147,6 +154,9 @@ class ShardedTrainingClient(LocalTrainingClient):
         """``root``: the sharded model (:func:`shard`); ``shadow``: rank 0's unsharded copy
         (None on the other ranks); ``options``: :class:`LocalTrainingClient`'s."""
         options["compile_choice"] = NOT_COMPILED
+        # Every rank must issue the same collectives in the same order: the shared-prefix
+        # path runs the decoder twice, and only on a rank whose datums share a prefix.
+        options["share_prefix"] = False
         super().__init__(model=cast("PeftModel | PreTrainedModel", root.model), **options)
         self.root = root
         self.world = distributed.world()
