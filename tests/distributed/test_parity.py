@@ -55,6 +55,11 @@ def test_two_ranks_take_the_step_of_one_process(tmp_path, kind):
     assert not all(
         np.allclose(x, y, atol=1e-3) for x, y in zip(a["logprobs"], a["after"], strict=True)
     )
+    assert b["single"].shape == a["single"].shape and np.allclose(
+        a["single"], b["single"], atol=1e-5
+    )
+    assert b["single_metrics"] == pytest.approx(a["single_metrics"], rel=1e-5, abs=1e-6)
+    print(f"{kind}: largest per-tensor weight gap {max(gaps.values()):.2e}")
     assert set(a["metrics"]) == set(b["metrics"])
     for name, value in a["metrics"].items():
         assert b["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name

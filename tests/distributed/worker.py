@@ -53,6 +53,8 @@ def step(out: str, kind: str, checkpoint_root: str) -> int:
     result = trainer.forward_backward(DATA, "ppo").result()
     norm = trainer.optim_step(ADAM).result().metrics["grad_norm"]
     again = trainer.forward(DATA, "ppo").result()
+    # One datum for two ranks: rank 1 takes part with nothing of its own.
+    single = trainer.forward_backward(DATA[3:4], "ppo").result()
     path = trainer.save_state("one").result().path
     torch.save(
         {
@@ -60,6 +62,8 @@ def step(out: str, kind: str, checkpoint_root: str) -> int:
             "logprobs": [o["logprobs"].to_numpy() for o in result.loss_fn_outputs],
             "after": [o["logprobs"].to_numpy() for o in again.loss_fn_outputs],
             "metrics": result.metrics,
+            "single": single.loss_fn_outputs[0]["logprobs"].to_numpy(),
+            "single_metrics": single.metrics,
             "grad_norm": norm,
             "state": path,
         },
