@@ -100,7 +100,9 @@ def init_group() -> World:
     import torch.distributed as dist
 
     backend = "gloo"
-    if torch.cuda.is_available():
+    # A GPU per rank: NCCL for CUDA tensors (gloo still for CPU ones). A host with fewer
+    # GPUs than ranks (a CPU run on a GPU box) stays on gloo: set_device would fail.
+    if torch.cuda.is_available() and me.local_rank < torch.cuda.device_count():
         torch.cuda.set_device(me.local_rank)
         backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout()))
