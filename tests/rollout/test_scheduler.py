@@ -739,3 +739,21 @@ def test_a_scorer_that_raises_fails_the_batch_even_once_every_task_is_done(smol_
 
     with pytest.raises(RuntimeError, match="went away"):
         run(sampler, FakeSandbox(lookup), [Q1, Q2], config(sample_retries=0), scorer=scorer)
+
+
+def test_a_service_that_fails_every_call_alike_warns_once_per_batch(smol_tokenizer, caplog):
+    # A dead server fails every trajectory's every attempt with the same text: one warning,
+    # the repeats at debug level, so the run's last line is not buried.
+    sampler = ScriptedSampler(smol_tokenizer, code_then_answer)
+
+    async def dead(prompt, num_samples, params):
+        raise ConnectionRefusedError("http://127.0.0.1:9: connection refused")
+
+    sampler.sample_async = dead
+    with caplog.at_level("DEBUG", logger="retool.rollout.retry"):
+        result = run(sampler, FakeSandbox(lookup), [Q1, Q2], config(sample_retries=2))
+    assert all(t.stop_reason == StopReason.SAMPLER_ERROR for t in result.trajectories)
+    records = [r for r in caplog.records if r.name == "retool.rollout.retry"]
+    warnings = [r for r in records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "connection refused" in warnings[0].getMessage()
+    assert len(records) == 2 * 3  # two questions' group requests, three attempts each

@@ -2,8 +2,11 @@
 
 A call that raises, or whose result says the service failed (``failure``
 returns a description), is tried again after ``backoff * 2 ** (attempt - 1)``
-seconds, up to ``1 + retries`` attempts, and each failed attempt is logged as
-one warning. Cancellation and the caller's ``fatal`` errors are re-raised at
+seconds, up to ``1 + retries`` attempts. A failure is logged as one warning
+the first time its description is seen by a policy (one batch's sampler or
+sandbox), and at debug level after that: a service that went away fails every
+trajectory's every attempt the same way, and a screen of identical warnings
+would bury the one line the run ends with. Cancellation and the caller's ``fatal`` errors are re-raised at
 once: retrying cannot fix them (a stale sampler stays stale).
 
 :meth:`RetryPolicy.call` knows nothing of trajectories or counters. What a retry counts, where
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class RetryPolicy:
     what: str  # "sampler", "sandbox"
     retries: int  # attempts after the first
     backoff: float  # seconds before the first retry; doubled for each next one
+    warned: set[str] = field(default_factory=set, compare=False)  # failures logged as warnings
 
     async def call(
         self,
@@ -87,7 +91,15 @@ class RetryPolicy:
                     return Retried(value, attempt + 1, None, tuple(rejected))
                 rejected.append(value)
             on_failure(error)
-            log.warning(
-                "%s call failed (attempt %d/%d): %s", self.what, attempt + 1, attempts, error
+            level = logging.DEBUG if error in self.warned else logging.WARNING
+            self.warned.add(error)
+            log.log(
+                level,
+                "%s call failed (attempt %d/%d): %s%s",
+                self.what,
+                attempt + 1,
+                attempts,
+                error,
+                "" if level == logging.DEBUG else " (the same failure again: debug level only)",
             )
         return Retried(None, attempts, error, tuple(rejected))
