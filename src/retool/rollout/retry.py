@@ -6,8 +6,9 @@ seconds, up to ``1 + retries`` attempts. A failure is logged as one warning
 the first time its description is seen by a policy (one batch's sampler or
 sandbox), and at debug level after that: a service that went away fails every
 trajectory's every attempt the same way, and a screen of identical warnings
-would bury the one line the run ends with. Cancellation and the caller's ``fatal`` errors are re-raised at
-once: retrying cannot fix them (a stale sampler stays stale).
+would bury the one line the run ends with. Cancellation and the caller's
+``fatal`` errors are re-raised at once: retrying cannot fix them (a stale
+sampler stays stale).
 
 :meth:`RetryPolicy.call` knows nothing of trajectories or counters. What a retry counts, where
 a failure is recorded and what every attempt failing means (an excluded
