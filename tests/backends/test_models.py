@@ -36,3 +36,40 @@ def test_hf_directory_round_trip(tmp_path):
     again = load_model(str(tmp_path))
     ids = torch.tensor([[1, 2, 3, 4]])
     torch.testing.assert_close(model(ids).logits, again(ids).logits)
+
+
+@pytest.mark.parametrize(
+    "memo",
+    ['["not", "a", "mapping"]', '{"KEY": 12}', '{"KEY": ["x"]}', "null", "{not json"],
+)
+def test_a_damaged_digest_memo_is_only_a_cache(tmp_path, monkeypatch, memo):
+    import hashlib
+
+    from retool.backends.local.models import file_digest
+
+    monkeypatch.setenv("RETOOL_CACHE_DIR", str(tmp_path / "cache"))
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"weights")
+    stat = weights.stat()
+    key = f"{weights.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "digests.json").write_text(memo.replace("KEY", key))
+    expected = hashlib.sha256(b"weights").hexdigest()[:16]
+    assert file_digest(weights) == expected  # recomputed, not a TypeError or a wrong value
+    assert file_digest(weights) == expected  # and remembered again
+
+
+def test_a_full_cache_disk_costs_only_a_reread(tmp_path, monkeypatch):
+    import errno
+
+    from retool.backends.local import models
+
+    def full(path, data, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("RETOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "write_atomic", full)
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"weights")
+    assert len(models.file_digest(weights)) == 16
+    assert not (tmp_path / "cache" / "digests.json").exists()

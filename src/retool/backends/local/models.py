@@ -122,16 +122,22 @@ def file_digest(path: Path) -> str:
         known = json.loads(memo.read_text())
     except (OSError, ValueError):
         known = {}
-    if key in known:
-        return str(known[key])
+    if not isinstance(known, dict):  # a damaged memo is only a cache: start it again
+        known = {}
+    remembered = known.get(key)
+    if isinstance(remembered, str) and len(remembered) == 16:
+        return remembered
     sha = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             sha.update(block)
     digest = sha.hexdigest()[:16]
     known[key] = digest
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(memo, json.dumps(known).encode())
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(memo, json.dumps(known).encode())
+    except OSError:  # a read-only or full cache directory costs a reread next time, no more
+        pass
     return digest
 
 
