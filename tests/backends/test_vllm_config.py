@@ -18,7 +18,7 @@ from retool.types import SamplerStop, SamplingParams
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["sampler.engine=sglang"], "sampler.engine must be local or vllm"),
+        (["sampler.engine=sglang"], "sampler.engine must be local, vllm or auto"),
         (["sampler.sync=full"], "sampler.sync must be lora or merged"),
         (["sampler.dtype=int8"], "sampler.dtype must be"),
         (["sampler.kv_cache_gb=0"], "sampler.kv_cache_gb"),

@@ -5,7 +5,8 @@ command does not read is refused, naming the key and what to use instead;
 keys of a ``--config`` file that the command does not read are accepted (one
 file serves several commands); settings that contradict each other are
 refused from any source. What slipped through before: ``sampler.*`` under
-``eval``, ``sft`` and ``rollout`` (only ``train`` samples with the engine),
+``sft`` and ``rollout``, ``sampler.sync``/``sampler.urls`` under ``eval`` (it
+samples fixed weights in process),
 ``demo.*`` under every command but ``demo``, ``rollout.dynamic_sampling``
 under ``rollout``, vLLM settings while the engine is the local one,
 ``rollout.max_oversample`` without dynamic sampling, and ``sampler.urls``
@@ -37,9 +38,10 @@ URLS_IN_FILE = '[sampler]\nurls = "http://127.0.0.1:8000"\n'  # engine left at "
 
 REFUSED = [
     # sections and keys a command never reads
-    case("eval-sampler-dtype", f"{EVAL} --set sampler.dtype=bfloat16",
-         "`retool eval` does not use sampler.dtype", "`retool train`"),
-    case("eval-sampler-engine", f"{EVAL} --set sampler.engine=vllm", "does not use sampler.engine"),
+    case("eval-sampler-sync", f"{EVAL} --set sampler.engine=vllm --set sampler.sync=lora",
+         "`retool eval` does not use sampler.sync", "nothing syncs"),
+    case("eval-sampler-urls", f"{EVAL} --set sampler.engine=vllm --set sampler.urls=http://h:9",
+         "`retool eval` does not use sampler.urls"),
     case("eval-demo-key", f"{EVAL} --set demo.eval_n=2", "does not use demo.eval_n",
          "`retool demo`"),
     case("eval-cost", f"{EVAL} --set cost.max_tokens=100", "does not use cost.max_tokens"),

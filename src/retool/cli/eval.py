@@ -13,6 +13,14 @@ Two forms share one command::
 ``--set rollout.temperature=...`` / the config file, then the evaluation
 defaults ``temperature = 1.0``, ``top_p = 0.7``. ``--seed`` sets ``rollout.seed``.
 
+The sampler is ``sampler.engine``'s: ``local`` (``model.backend``'s own),
+``vllm`` (an in-process engine on the model, :mod:`retool.backends.vllm.model_sampler`)
+or ``auto`` (:mod:`retool.backends.vllm.choice`). Either feeds the same runner,
+so rows, seeds and resume are the same code; the choice is printed, and a
+vLLM evaluation's header records ``sampler`` (engine, dtype), so a file
+is never resumed with the other engine (its random stream differs). A header
+without ``sampler`` was sampled by ours.
+
 Every user mistake (a missing flag, an unknown model or step, a dataset
 without the named field, an output written with other settings) is a
 :class:`~retool.errors.RetoolError` raised before any model loads or any
@@ -25,11 +33,15 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retool.backends import open_sampling_client, service_client
 from retool.backends.cleanup import close_all
+from retool.backends.vllm import check_installed, engine_options
+from retool.backends.vllm.choice import choose_engine, on_gpu
+from retool.backends.vllm.model_sampler import check_head_size, open_model_sampler, source_config
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -52,6 +64,7 @@ from retool.evaluation import (
     prepare_evaluation,
     resolve_model_spec,
 )
+from retool.evaluation.engine import engine_settings
 from retool.reward import default_checker, load_reward_function
 from retool.sandbox import open_sandbox
 from retool.training.run_lock import lock_output
@@ -59,6 +72,7 @@ from retool.training.ticker import keep_ticking
 
 if TYPE_CHECKING:
     from retool.rollout.types import ProgressCallback, ProgressEvent
+    from retool.types import SamplingClient
 
 EVAL_TEMPERATURE = 1.0
 EVAL_TOP_P = 0.7
@@ -73,8 +87,9 @@ UNUSED = {
     "model.lora_rank": "evaluation samples the weights as they are",
     "model.loss_reduction": "`retool eval` trains nothing",
     "rollout.advantage": "`retool eval` scores samples; advantages are for training",
-    "sampler": "`retool eval` samples with model.backend's own sampler; [sampler] is the RL "
-    "run's engine (`retool train`)",
+    "sampler.sync": "`retool eval` samples fixed weights: nothing syncs",
+    "sampler.urls": "`retool eval` samples in this process (sampler.engine = local, vllm or "
+    "auto); vllm serve endpoints are `retool train`'s",
     "cost": "`retool eval` keeps no spend ledger; `retool train` and `retool sft` read cost.*",
 }
 
@@ -92,7 +107,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "--output continues where it stopped (and refuses other settings).\n"
             f"Settings: {PRECEDENCE}. Not used (refused with --set): rollout.group_size\n"
             "(--val-n), data.* (--dataset), train.*, model.base_model (--model),\n"
-            "model.lora_rank, sampler.*, cost.*, demo.*, and sandbox.* in text mode."
+            "model.lora_rank, sampler.sync, sampler.urls, cost.*, demo.*, and sandbox.* in text\n"
+            "mode. sampler.engine = vllm samples with vLLM in this process (the same rows and\n"
+            "resume), auto picks vLLM where it is installed and faster on this host."
         ),
         epilog=(
             "examples:\n"
@@ -260,6 +277,21 @@ def run(args: argparse.Namespace) -> int:
             "memory_mb": sandbox_config.memory_mb,
             "max_output_bytes": sandbox_config.max_output_bytes,
         }
+    choice = choose_engine(
+        config.sampler.engine,
+        backend=config.model.backend,
+        model_path=model.path,
+        dtype=config.sampler.dtype,
+    )
+    if choice.engine == "vllm":
+        if config.sampler.url_list:  # a shared config file may name them; eval cannot use them
+            raise ConfigError(
+                "`retool eval` samples with vLLM in this process and does not use sampler.urls "
+                '(vllm serve endpoints are `retool train`\'s): set sampler.urls = ""'
+            )
+        check_installed()
+        check_head_size(args.model, source_config(model.path), on_gpu())
+    settings.update(engine_settings(choice.engine, config.sampler.dtype))
     rollout = _sampling(config.rollout, given)
     # Refuse other settings before loading anything.
     evaluation = prepare_evaluation(
@@ -268,12 +300,25 @@ def run(args: argparse.Namespace) -> int:
 
     scorer = load_reward_function(config.reward.function) if config.reward.function else None
     check_saved_weights(config.model.backend, model.path)
-    service = service_client(config.model, checkpoint_root=config.train.run_dir)
+    # a service checks its credential here, before "loading" (vLLM needs no service)
+    service = (
+        service_client(config.model, checkpoint_root=config.train.run_dir)
+        if choice.engine == "local"
+        else None
+    )
     sandbox = open_sandbox(config.sandbox) if tools else None  # its limits fail fast
-    sampler = bar = None
+    sampler: SamplingClient | None = None
+    bar = None
     try:
         say(f"loading {args.model} ...")
-        sampler = open_sampling_client(service, model.path)
+        if config.sampler.engine != "local":
+            say(choice.line())
+        if service is None:
+            sampler = open_model_sampler(
+                model.path, engine_options(config), Path(tempfile.gettempdir()) / "retool-vllm"
+            )
+        else:
+            sampler = open_sampling_client(service, model.path)
         resume = evaluation.resume
         done = len(resume.done)
         if done:

@@ -18,14 +18,20 @@ class SamplerConfig:
     ``engine = "local"`` (default) samples with the local backend's own sampler
     from a frozen copy of the trainer's weights. ``"vllm"`` samples with vLLM
     (the ``vllm`` extra): in this process when ``urls`` is empty, else from
-    ``vllm serve`` endpoints at ``urls``. After each optimizer step the
-    trainer's weights reach the engine by ``sync``: ``lora`` publishes the
-    adapter under a new id (``policy-step-N``), ``merged`` writes the merged
-    weights into the engine in place. Every sample carries the policy version
-    the engine used, and the rollout refuses one that is not the step's.
+    ``vllm serve`` endpoints at ``urls``. ``"auto"`` picks vLLM where it is
+    installed and measured faster on this host, ours elsewhere
+    (:mod:`retool.backends.vllm.choice`: the rule, its measurements), and
+    prints and records the choice. After each optimizer step the trainer's
+    weights reach the engine by ``sync``: ``lora`` publishes the adapter
+    under a new id (``policy-step-N``), ``merged`` writes the merged weights
+    into the engine in place. Every sample carries the policy version the
+    engine used, and the rollout refuses one that is not the step's.
+    ``retool eval`` reads ``engine``, ``dtype``, ``enforce_eager``,
+    ``max_model_len``, ``kv_cache_gb``, ``gpu_memory_utilization`` and
+    ``threads_bind`` (fixed weights: no ``sync``; in process: no ``urls``).
     """
 
-    engine: str = "local"  # local | vllm
+    engine: str = "local"  # local | vllm | auto
     dtype: str = "float32"  # vllm: float32 | bfloat16 | float16 (float32 keeps logprobs to 1e-4)
     sync: str = "merged"  # vllm: merged | lora (see the README's measurements)
     enforce_eager: bool = True  # vllm: no graph compilation (start-up ~17 s instead of ~67 s)
@@ -36,8 +42,8 @@ class SamplerConfig:
     urls: str = ""  # vllm serve base URLs, comma-separated (http://host:port); "" = in-process
 
     def __post_init__(self) -> None:
-        if self.engine not in ("local", "vllm"):
-            raise ConfigError(f"sampler.engine must be local or vllm; got {self.engine!r}")
+        if self.engine not in ("local", "vllm", "auto"):
+            raise ConfigError(f"sampler.engine must be local, vllm or auto; got {self.engine!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(
                 f"sampler.dtype must be float32, bfloat16 or float16; got {self.dtype!r}"

@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ from retool.types import Datum, TensorData, TrainingClient
 if TYPE_CHECKING:  # the local backend imports torch: its value types only here
     from retool.backends.local.compiled import CompileChoice
     from retool.backends.local.dtype import Numerics
+    from retool.backends.vllm.choice import EngineChoice
     from retool.training.run_dir import RunDirectory
     from retool.training.session import Phases
 
@@ -142,12 +144,18 @@ def record_numerics(
     resume: bool,
     numerics: Numerics | None = None,
     compile_choice: CompileChoice | None = None,
+    engine_choice: EngineChoice | None = None,
 ) -> None:
     """Write ``numerics.json`` (and a log line); on resume, refuse a change.
 
     ``compile_choice`` (the trainer's :class:`~retool.backends.local.compiled.CompileChoice`)
     is logged in every process (a resumed one may decide differently: it changes speed,
-    not the numerics class) and stored with the first record."""
+    not the numerics class) and stored with the first record. ``engine_choice``
+    (``sampler.engine``: :mod:`retool.backends.vllm.choice`) likewise: printed and
+    logged when ``auto`` chose, stored as ``sampler_engine``."""
+    if engine_choice is not None and engine_choice.requested == "auto":
+        print(engine_choice.line(), file=sys.stderr)
+        run.log(engine_choice.line())
     numerics = numerics or getattr(service, "numerics", None)
     if numerics is None:
         return
@@ -167,6 +175,8 @@ def record_numerics(
         record = numerics.to_dict()
         if compile_choice is not None:
             record["compile"] = dataclasses.asdict(compile_choice)
+        if engine_choice is not None:
+            record["sampler_engine"] = engine_choice.to_dict()
         text = json.dumps(record, indent=2) + "\n"
         write_atomic(Path(run.path) / NUMERICS_FILE, text.encode())
         run.log(f"numerics: {numerics.summary()}")

@@ -5,7 +5,9 @@ record), writes ``eval/step_NNNNNN.jsonl`` (resumable: a kill mid-evaluation
 is finished on ``--resume``) and sends ``eval/*`` to the tracker and
 ``log.txt``. The sampling seeds are fixed (``seed_step=0``), so every
 evaluation of a run samples the same way and differences between steps are
-the policy's. It samples with the run's own ``[rollout]`` settings
+the policy's. It samples with the run's sampler (``session.sampler()``: ours,
+or the vLLM engine synced to the step, whose header then records
+``sampler``, as ``retool eval``'s does) and the run's own ``[rollout]`` settings
 (temperature, top_p, budgets); a standalone ``retool eval`` defaults to
 top_p 0.7, so pass the same settings to compare the two.
 """
@@ -16,6 +18,7 @@ from retool.backends.cleanup import close_quietly
 from retool.config import RunConfig
 from retool.data import MathExample
 from retool.evaluation import evaluate, load_results, prepare_evaluation
+from retool.evaluation.engine import engine_settings
 from retool.reward import EquivalenceChecker, Scorer
 from retool.rollout import ProgressEvent
 from retool.training.faults import crash_point
@@ -56,7 +59,7 @@ class PeriodicEval:
         session.display.new_step(f"eval after step {step}")
         session.run.eval_dir.mkdir(exist_ok=True)
         crash_point("eval", step)  # the disk-full test fills the disk here
-        sampler = session.trainer.save_weights_and_get_sampling_client()
+        sampler = session.sampler()  # the run's engine: ours, or vLLM synced to this step
 
         def on_result(event: ProgressEvent) -> None:
             session.display.advance(event.count)
@@ -72,6 +75,7 @@ class PeriodicEval:
                     "model": f"{session.run.path}@{step}",
                     "checkpoint_step": step,
                     "dataset": self.dataset,
+                    **engine_settings(self.config.sampler.engine, self.config.sampler.dtype),
                 },
                 tools=self.sandbox is not None,
             )

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from retool.backends import service_client, tunes_numerics
 from retool.backends.cleanup import close_quietly
 from retool.backends.vllm import check_installed, open_policy_sampler
+from retool.backends.vllm.choice import resolve_engine
 from retool.config import RunConfig
 from retool.errors import ConfigError
 from retool.interrupts import InterruptGuard
@@ -235,6 +236,7 @@ class Session:
         unit: str,
         inputs: RunInputs | None = None,
     ) -> None:
+        config, self.engine_choice = resolve_engine(config)  # "auto": ours or vLLM, here
         cfg = self.cfg = config.train
         self.config = config
         if config.sampler.engine == "vllm":
@@ -255,7 +257,12 @@ class Session:
         # local backend: per-role dtypes; a vLLM sampler computes in sampler.dtype
         self.numerics = sampler_numerics(getattr(service, "numerics", None), config)
         record_numerics(
-            self.run, service, resume, self.numerics, getattr(self.trainer, "compile", None)
+            self.run,
+            service,
+            resume,
+            self.numerics,
+            getattr(self.trainer, "compile", None),
+            self.engine_choice,
         )
         # sampler.engine = "vllm": the run's engine (or servers) + weight sync
         self.policy_sampler: VllmPolicySampler | ServerPolicySampler | None = None
