@@ -3,6 +3,17 @@
     flock /tmp/retool-bench.lock .venv/bin/python bench/sampler_engines.py [--steps 3]
         [--engines local,server,merged,lora] [--config configs/demo.toml]
         [--init-from CHECKPOINT] [--set section.key=value ...]
+    flock /tmp/retool-bench.lock .venv/bin/python bench/sampler_engines.py --workload eval
+        [--model SFT_CHECKPOINT] [--config configs/demo.toml]
+
+``--workload eval`` times the demo's evaluation instead (``demo.eval_limit``
+problems of ``demo`` x ``demo.eval_n`` samples, at ``demo.eval_temperature``
+and ``demo.eval_top_p``, tool mode): ``retool eval`` of ``--model`` (default
+the config's base model; the demo evaluates its SFT checkpoint, give it when
+one is at hand) with ``sampler.engine = "local"`` and then ``"vllm"``, each in
+a fresh process, in one run. Wall time is the whole command (model load, a
+vLLM engine's start and an adapter's export included: what the demo pays per
+evaluation); ``eval s`` and tok/s are the evaluation's own (its summary).
 
 One run of this script trains the same config, seeds and questions for
 ``--steps`` steps with each engine, each in a fresh subprocess (so no engine's
@@ -100,6 +111,64 @@ def run_child(engine: str, args: argparse.Namespace, out: Path, url: str | None 
     return json.loads(out.read_text())
 
 
+EVAL_ENGINES = ("local", "vllm")
+EVAL_HEADER = ["engine", "wall s", "eval s", "sampled tok", "tok/s", "wall speed-up",
+               "tok/s ratio", "average@n", "load avg (1 min)"]  # fmt: skip
+
+
+def eval_workload(args: argparse.Namespace) -> None:
+    """``retool eval`` of the demo's evaluation with each engine (see the module docstring)."""
+    from retool.config import load_config
+
+    config = load_config(args.config, args.set)
+    demo = config.demo
+    model = args.model or config.model.base_model
+    print(f"host: {os.cpu_count()} CPUs; load average at start {os.getloadavg()}", flush=True)
+    problems = demo.eval_limit or "all"
+    print(f"retool eval --model {model}: {problems} problems of demo x {demo.eval_n}, "
+          f"temperature {demo.eval_temperature}, top_p {demo.eval_top_p}")  # fmt: skip
+    print("| " + " | ".join(EVAL_HEADER) + " |")
+    print("|" + " --- |" * len(EVAL_HEADER), flush=True)
+    base: dict | None = None
+    with tempfile.TemporaryDirectory(prefix="retool-bench-eval-") as tmp:
+        for engine in EVAL_ENGINES:
+            out = Path(tmp) / f"{engine}.jsonl"
+            argv = [sys.executable, "-c", "import sys; from retool.cli import main; "
+                    "sys.exit(main(sys.argv[1:]))", "eval", "--config", args.config,
+                    "--model", model, "--dataset", "demo", "--val-n", str(demo.eval_n),
+                    "--temperature", repr(demo.eval_temperature), "--top-p",
+                    repr(demo.eval_top_p), "--output", str(out), "--no-progress",
+                    "--set", f"sampler.engine={engine}"]  # fmt: skip
+            if demo.eval_limit:
+                argv += ["--limit", str(demo.eval_limit)]
+            for item in args.set:
+                argv += ["--set", item]
+            started = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, text=True)
+            wall = time.perf_counter() - started
+            if done.returncode != 0:
+                tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+                print(f"| {engine} | failed: exit {done.returncode}: {tail[:300]} |", flush=True)
+                continue
+            summary = json.loads(out.read_text().splitlines()[-1])["summary"]
+            result = {"wall": wall, **summary}
+            base = base or result
+            cells = [
+                engine,
+                f"{wall:.1f}",
+                f"{summary['wall_s']:.1f}",
+                str(summary["sampled_tokens"]),
+                f"{summary['tokens_per_s']:.1f}",
+                f"{base['wall'] / wall:.2f}x",
+                f"{summary['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+                f"{summary['average_at_n']:.3f}",
+                f"{os.getloadavg()[0]:.1f}",
+            ]
+            print("| " + " | ".join(cells) + " |", flush=True)
+    print("speed-ups against the first row (ours); the engines draw different random streams")
+    print(f"load average at the end: {os.getloadavg()}")
+
+
 def median(lines: list[dict], key: str) -> float:
     values = [float(m.get(key, 0.0)) for m in lines]
     return statistics.median(values) if values else float("nan")
@@ -115,9 +184,14 @@ def main() -> None:
     parser.add_argument("--child", choices=sorted(ENGINES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=["rl", "eval"], default="rl")
+    parser.add_argument("--model", help="--workload eval: the model (default: the base model)")
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.workload == "eval":
+        eval_workload(args)
         return
     if args.steps < 2:
         parser.error("--steps must be at least 2 (step 1 carries the engine start-up)")

@@ -284,11 +284,6 @@ def run(args: argparse.Namespace) -> int:
         dtype=config.sampler.dtype,
     )
     if choice.engine == "vllm":
-        if config.sampler.url_list:  # a shared config file may name them; eval cannot use them
-            raise ConfigError(
-                "`retool eval` samples with vLLM in this process and does not use sampler.urls "
-                '(vllm serve endpoints are `retool train`\'s): set sampler.urls = ""'
-            )
         check_installed()
         check_head_size(args.model, source_config(model.path), on_gpu())
     settings.update(engine_settings(choice.engine, config.sampler.dtype))
@@ -313,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"loading {args.model} ...")
         if config.sampler.engine != "local":
             say(choice.line())
+        if choice.engine == "vllm" and config.sampler.url_list:  # only a file can name them
+            say("sampler.urls (vllm serve, `retool train`'s) unused: eval samples in process")
         if service is None:
             sampler = open_model_sampler(
                 model.path, engine_options(config), Path(tempfile.gettempdir()) / "retool-vllm"
