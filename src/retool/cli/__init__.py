@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -112,8 +113,8 @@ def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             try:
                 serve_calls()
                 return 0
-            except KeyboardInterrupt as exc:  # torchrun passes Ctrl-C on to every rank
-                return exit_status(exc)
+            except KeyboardInterrupt as exc:  # torchrun passes Ctrl-C on to every rank:
+                return 128 + int(getattr(exc, "signum", signal.SIGINT))  # rank 0 says it
             except RetoolError as exc:
                 rank = world().rank
                 print(f"retool: error: rank {rank}: {streams.one_line(str(exc))}", file=sys.stderr)

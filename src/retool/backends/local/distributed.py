@@ -30,13 +30,17 @@ CUDA (pytorch#132471).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retool.errors import ConfigError
+from retool.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -108,6 +112,9 @@ def init_group() -> World:
     dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout()))
     _group["control"] = dist.new_group(backend="gloo", timeout=timedelta(seconds=CALL_WAIT_S))
     _group["meshes"] = {}
+    places: list[Any] = [None] * me.size  # (host, pid) by rank: who died, when one does
+    dist.all_gather_object(places, (socket.gethostname(), os.getpid()), group=_group["control"])
+    _group["places"] = places
     return me
 
 
@@ -119,7 +126,8 @@ def close_group() -> None:
 
     _group.clear()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        with contextlib.suppress(Exception):  # after a lost rank: nothing left to close cleanly
+            dist.destroy_process_group()
 
 
 def mesh(device_type: str) -> DeviceMesh:
@@ -210,19 +218,85 @@ def merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
+class RankLost(BackendError):
+    """A rank of the job stopped (killed, out of memory): the job stops with this one line."""
+
+
+def _alive(pid: int) -> bool:
+    try:  # a killed child not yet reaped by torchrun is a zombie: dead too
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] not in ("Z", "X")
+
+
+def lost_ranks() -> list[int]:
+    """The ranks on this host whose process is gone (a rank elsewhere cannot be seen)."""
+    places = _group.get("places") or []
+    host, me = socket.gethostname(), world().rank
+    return [
+        rank
+        for rank, (where, pid) in enumerate(places)
+        if rank != me and where == host and not _alive(pid)
+    ]
+
+
+def _lost(error: BaseException | None) -> RankLost | None:
+    """The one line for a job that lost a rank, or None if every rank here still runs."""
+    lost = lost_ranks()
+    if not lost and not (error is not None and _collective_failure(error)):
+        return None
+    who = ", ".join(f"rank {r} (pid {_group['places'][r][1]})" for r in lost)
+    what = f"{who} stopped" if lost else f"a collective failed ({type(error).__name__})"
+    return RankLost(
+        f"{what}: the job stopped; every committed step is kept: run the same torchrun "
+        "command with --resume to continue"
+    )
+
+
+def _collective_failure(error: BaseException) -> bool:
+    import torch.distributed as dist
+
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and "gloo" in str(error).lower()
+    )
+
+
 def run_command(command: Callable[[], int], serve: Callable[[], int]) -> int:
     """Under torchrun: join the group; rank 0 runs ``command`` and then releases the
-    others, which ``serve`` until then. Returns the rank's exit status."""
+    others, which ``serve`` until then. Returns the rank's exit status.
+
+    A rank that dies makes the others' next collective fail at once (gloo: the
+    connection closes; NCCL: within the collective timeout), and torchrun stops
+    every rank of the node as soon as one exits (its SIGTERM is an interrupt
+    here). Either way the survivors raise :class:`RankLost`, one line naming
+    the dead rank, instead of the collective's traceback; the run directory
+    holds what was committed, as after any interrupted step.
+    """
     me = init_group()
     if not me.distributed:
         return command()
     try:
-        if not me.driver:
-            return serve()
         try:
-            return command()
-        finally:
-            send(("exit",))
+            status = serve() if not me.driver else command()
+        except Exception as exc:
+            lost = _lost(exc)
+            if lost is None and me.driver:  # an error of its own: release the others
+                with contextlib.suppress(Exception):
+                    send(("exit",))
+            raise (lost or exc) from None
+        # torchrun stops the survivors with SIGTERM when a rank died; Ctrl-C is SIGINT,
+        # after which the other ranks are gone too, by the user's wish: nothing to name.
+        lost = _lost(None) if status not in (0, 128 + signal.SIGINT) else None
+        if lost is not None:
+            raise lost
+        if me.driver:
+            try:
+                send(("exit",))
+            except Exception as exc:
+                if status == 0:  # an interrupted driver's peers may have left already
+                    raise (_lost(exc) or exc) from None
+        return status
     finally:
         close_group()
 
