@@ -134,6 +134,37 @@ def check_device(device: str, backend: str) -> Check:
     return Check("device", "ok", device)
 
 
+def check_distributed(backend: str, device: str) -> Check:
+    """The torchrun job this process is a rank of (from torchrun's environment; no group
+    is joined): world size, the collectives' backend and this rank's device, as the local
+    backend's process group would pick them (``backends/local/distributed.py``)."""
+    if importlib.util.find_spec("torch") is None:
+        return Check("distributed", "info", "one process (torch is not installed)")
+    import torch
+
+    from retool.backends.local.distributed import world
+
+    try:
+        me = world()
+    except RetoolError as exc:
+        return Check("distributed", "fail", str(exc))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not me.distributed:
+        hint = f"torchrun --nproc-per-node N shards the trainer ({gpus} CUDA device(s) seen)"
+        return Check("distributed", "info", f"world size 1: one process; {hint}")
+    place = f"world size {me.size}, rank {me.rank}, local rank {me.local_rank}"
+    if backend != "local":
+        detail = f"{place}: torchrun shards only the local backend (model.backend = {backend})"
+        return Check("distributed", "fail", detail)
+    if me.local_rank < gpus and device != "cpu":
+        return Check(
+            "distributed", "ok", f"{place}; NCCL (gloo for CPU objects); cuda:{me.local_rank}"
+        )
+    status = "warn" if gpus and device != "cpu" else "ok"
+    why = f" (local rank {me.local_rank} has no GPU of the {gpus})" if status == "warn" else ""
+    return Check("distributed", status, f"{place}; gloo; cpu{why}")
+
+
 def check_model(base_model: str, backend: str) -> Check:
     """Where ``model.base_model`` resolves (local); remote services resolve their own names."""
     if backend != "local":
@@ -418,6 +449,7 @@ def diagnose(
     )
     checks += check_torch(backend)
     checks.append(check_device(config.model.device, backend))
+    checks.append(check_distributed(backend, config.model.device))
     checks.append(check_model(config.model.base_model, backend))
     try:
         checks.append(check_numerics(config, run_dir or config.train.run_dir))
