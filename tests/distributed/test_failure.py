@@ -133,3 +133,35 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_with_one_line_of_ours(tmp_path)
     assert "src/retool/" not in err
     steps = committed(run)
     assert steps and steps == list(range(1, len(steps) + 1))  # committed steps kept whole
+
+
+@pytest.mark.slow  # one torchrun job of the tiny model, and one that must refuse
+def test_a_second_torchrun_job_on_a_locked_run_is_refused(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(RL)
+    run = tmp_path / "run"
+    args = ("--config", str(config), "--run-dir", str(run), "--no-progress")
+    ran = torchrun("-m", "retool", "train", *args, "--set", "train.steps=1")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    holder = subprocess.Popen(  # another job's rank 0 holding the run (flock, as run_lock)
+        [
+            sys.executable, "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(300)\n",
+            str(run / "lock"),
+        ],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        second = torchrun(
+            "-m", "retool", "train", *args, "--resume", "--set", "train.steps=2", timeout=120
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode != 0
+    ours = [line for line in second.stderr.splitlines() if line.startswith("retool:")]
+    assert len(ours) == 1 and "lock" in ours[0].lower(), second.stderr[-3000:]
+    assert committed(run) == [1]  # the refused job wrote nothing
