@@ -1,4 +1,5 @@
-"""``retool train`` with ``sampler.engine = "vllm"``: two RL steps in each sync mode.
+"""``retool train`` with ``sampler.engine = "vllm"``: two RL steps in each sync mode,
+and ``train.eval_every`` after step 2 sampled by the same engine.
 
 Each run starts its own engine (20-60 s on a loaded 2-core host: the slow part).
 The rollout checks every sample's policy version, so a step that completes
@@ -31,7 +32,7 @@ def test_two_rl_steps_sample_with_vllm(tmp_path, tiny_llama, sync, capsys):
         tmp_path / "run.toml",
         model={"base_model": str(tiny_llama), "lora_rank": 4, "dtype": "float32"},
         rollout={"group_size": 4},
-        train={"save_every": 1},
+        train={"save_every": 1, "eval_every": 2, "eval_n": 2, "eval_limit": 2},
         sampler={"engine": "vllm", "sync": sync, "dtype": "float32"},
     )
     run_dir = tmp_path / "run"
@@ -48,4 +49,10 @@ def test_two_rl_steps_sample_with_vllm(tmp_path, tiny_llama, sync, capsys):
     leftovers = list((run_dir / "checkpoints").glob("vllm/*")) + list(
         (run_dir / "checkpoints" / "sampler").glob("vllm_policy_step_*")
     )
+    # train.eval_every samples with the run's engine, synced to the step's weights
+    from retool.evaluation import load_results
+
+    evaluation = load_results(run_dir / "eval" / "step_000002.jsonl")
+    assert evaluation.settings["sampler"] == {"engine": "vllm", "dtype": "float32"}
+    assert evaluation.summary is not None and len(evaluation.rows) == 4
     assert leftovers == []  # exported weights and published adapters are removed at the end
