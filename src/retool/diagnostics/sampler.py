@@ -72,6 +72,9 @@ def engine_row(sampler: SamplerConfig, installed: tuple[str, str] | None) -> Row
     if sampler.engine == "local":
         extra = f"; vLLM {installed[1]} installed" if installed else ""
         return "sampler", "ok", f"engine = local (the local backend's sampler){extra}"
+    if sampler.engine == "auto":  # decided at start (retool.backends.vllm.choice)
+        extra = f"vLLM {installed[1]} installed" if installed else "vLLM not installed: ours"
+        return "sampler", "ok", f"engine = auto (vLLM where installed and faster here; {extra})"
     server = bool(sampler.url_list)
     where = f"vllm serve at {len(sampler.url_list)} URL(s)" if server else "vLLM in-process"
     if installed is None:
