@@ -105,7 +105,7 @@ def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """One rank of ``torchrun --nproc-per-node N -m retool ...``: rank 0 runs the command
     as in one process, the others only serve its trainer's calls (they write, print and
     open nothing), until rank 0's command ends (``backends/local/distributed.py``)."""
-    from retool.backends.local.distributed import run_command, world
+    from retool.backends.local.distributed import rank_lost, run_command, world
     from retool.backends.local.service import serve_calls
 
     def serve() -> int:
@@ -120,11 +120,20 @@ def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                 print(f"retool: error: rank {rank}: {streams.one_line(str(exc))}", file=sys.stderr)
                 return 2
 
-    try:
-        return run_command(lambda: _run(parser, argv), serve)
-    except RetoolError as exc:  # the group could not form: torchrun's environment
-        print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
-        return 2
+    # Signals stay ours until the rank ends: torchrun's SIGTERM (a rank died) may come
+    # after the command, and Python's default would end this rank before its one line.
+    with stop_on_signals():
+        try:
+            return run_command(lambda: _run(parser, argv), serve)
+        except RetoolError as exc:  # the group could not form, or a rank was lost
+            print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            lost = rank_lost()
+            if lost is not None:
+                print(f"retool: error: {streams.one_line(str(lost))}", file=sys.stderr)
+                return 2
+            return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
 def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:

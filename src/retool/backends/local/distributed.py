@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 COLLECTIVE_TIMEOUT_S = 60.0  # default: a dead rank stops the others within a minute
 CALL_WAIT_S = 7 * 24 * 3600.0  # a serving rank waits this long for the driver's next call
 _group: dict[str, Any] = {}  # "control": the calls' gloo group; "meshes": by device type
+_places: list[tuple[str, int]] = []  # (host, pid) by rank, swapped when the group forms
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def init_group() -> World:
     _group["meshes"] = {}
     places: list[Any] = [None] * me.size  # (host, pid) by rank: who died, when one does
     dist.all_gather_object(places, (socket.gethostname(), os.getpid()), group=_group["control"])
-    _group["places"] = places
+    _places[:] = places  # kept past close_group: a signal may come after it
     return me
 
 
@@ -232,13 +233,18 @@ def _alive(pid: int) -> bool:
 
 def lost_ranks() -> list[int]:
     """The ranks on this host whose process is gone (a rank elsewhere cannot be seen)."""
-    places = _group.get("places") or []
     host, me = socket.gethostname(), world().rank
     return [
         rank
-        for rank, (where, pid) in enumerate(places)
+        for rank, (where, pid) in enumerate(_places)
         if rank != me and where == host and not _alive(pid)
     ]
+
+
+def rank_lost() -> RankLost | None:
+    """The one line for a local rank that is gone (after a signal: torchrun stopping the
+    job because a rank died), or None."""
+    return _lost(None)
 
 
 def _lost(error: BaseException | None) -> RankLost | None:
@@ -246,7 +252,7 @@ def _lost(error: BaseException | None) -> RankLost | None:
     lost = lost_ranks()
     if not lost and not (error is not None and _collective_failure(error)):
         return None
-    who = ", ".join(f"rank {r} (pid {_group['places'][r][1]})" for r in lost)
+    who = ", ".join(f"rank {r} (pid {_places[r][1]})" for r in lost)
     what = f"{who} stopped" if lost else f"a collective failed ({type(error).__name__})"
     return RankLost(
         f"{what}: the job stopped; every committed step is kept: run the same torchrun "
