@@ -1,12 +1,23 @@
 """The README's commands and the bare ``demo`` dataset, one table row per case.
 
-* The README's commands parse, every one that samples names its ``--config``,
-  every file one reads was written by an earlier one (or is in the
-  repository), and the hand-run pipeline (the block with ``retool sft
-  make-demos``) produces, command for command, the settings ``retool demo``
-  runs: the demo is run with its commands recorded instead of executed, and
-  both scripts are compared after their paths are replaced by "the output of
-  command k".
+* Every ```` ```bash ```` block of the README either runs here or is marked with
+  what it needs, in an HTML comment on the line before it: ``<!-- needs: gpu -->``,
+  ``<!-- needs: a service -->`` (a training service, a vLLM server, a credential) or
+  ``<!-- needs: downloads -->`` (a model, a dataset, a package), comma-separated.
+  An unmarked block holds only commands that run on this machine: ``retool`` (also
+  under ``torchrun -m retool``), ``make`` of a target the Makefile has, and
+  ``python examples/...``.
+* The README's commands parse, every one that samples names its ``--config`` (a
+  file of the repository), and in unmarked blocks every file one reads was written by
+  an earlier one (or is in the repository); the cheap ones run (``retool prepare-data
+  demo``, the examples' ``--help``). In marked blocks they parse and their settings
+  load (``--set`` keys included), nothing more: their files are the user's downloads.
+* The hand-run pipeline (the block with ``retool sft make-demos``) produces, command
+  for command, the settings ``retool demo`` runs: the demo is run with its commands
+  recorded instead of executed, and both scripts are compared after their paths are
+  replaced by "the output of command k".
+* The README is a guide: no dated measurement (those are in docs/measurements.md,
+  which its results table links).
 * ``--dataset demo`` is the test split for every command; ``make-demos`` and
   the demo refuse it (it is held out) in one line.
 """
@@ -17,6 +28,8 @@ import dataclasses
 import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,20 +48,58 @@ from retool.evaluation.models import ALIASES
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+MAKEFILE = (ROOT / "Makefile").read_text(encoding="utf-8")
 SAMPLING = {("eval",), ("sft",), ("train",), ("rollout",), ("preflight",)}
 
 
-def readme_commands() -> list[tuple[int, list[str]]]:
-    """``(block number, argv without "retool")`` of every README bash line, in order.
+NEEDS = {"gpu", "a service", "downloads"}
+RUNS_HERE = {"retool", "make", "python", "torchrun"}  # what an unmarked block may run
+
+
+def readme_blocks() -> list[tuple[frozenset[str], list[str]]]:
+    """``(what it needs, its lines)`` of every README bash block, continuations joined."""
+    text = README.read_text(encoding="utf-8")
+    blocks = []
+    for marker, block in re.findall(
+        r"(?:<!-- needs: ([^>]*?) -->\n)?^```bash\n(.*?)^```", text, re.M | re.S
+    ):
+        needs = frozenset(n.strip() for n in marker.split(",")) if marker else frozenset()
+        blocks.append((needs, block.replace("\\\n", " ").splitlines()))
+    return blocks
+
+
+def program(line: str) -> list[str]:
+    """The words of a command line from its program on (``VAR=value`` prefixes dropped)."""
+    words = shlex.split(line, comments=True)
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", words[0]):
+        words = words[1:]
+    return words
+
+
+def retool_argv(words: list[str]) -> list[str] | None:
+    """The argv after ``retool`` of a ``retool ...`` or ``torchrun ... -m retool ...`` line."""
+    if words[:1] == ["retool"]:
+        return words[1:]
+    if words[:1] == ["torchrun"] and "-m" in words:
+        at = words.index("-m")
+        if words[at + 1 : at + 2] == ["retool"]:
+            return words[at + 2 :]
+    return None
+
+
+def readme_commands(marked: bool = False) -> list[tuple[int, list[str]]]:
+    """``(block number, argv without "retool")`` of every README bash line, in order: of
+    the unmarked blocks, or with ``marked`` of the blocks marked as needing something.
 
     Synopsis lines (``[--flag ...]``, pipes) are left out: they are not commands."""
     commands = []
-    blocks = re.findall(r"^```bash\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S)
-    for number, block in enumerate(blocks):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words[:1] == ["retool"] and not any(w.startswith("[") for w in words):
-                commands.append((number, words[1:]))
+    for number, (needs, lines) in enumerate(readme_blocks()):
+        if bool(needs) != marked:
+            continue
+        for line in lines:
+            argv = retool_argv(program(line))
+            if argv is not None and not any(w.startswith("[") for w in argv):
+                commands.append((number, argv))
     return commands
 
 
@@ -73,8 +124,11 @@ def paths(args: Any) -> tuple[list[str], list[str]]:
         return [os.path.normpath(spec.partition("@")[0])]
 
     match kind(args):
-        case ("prepare-data", _):
-            return [], [os.path.normpath(args.output_dir)]  # --input: downloaded by the user
+        case ("prepare-data", _):  # --input: downloaded by the user
+            out = os.path.normpath(args.output_dir)
+            return [], [out, *(os.path.join(out, f) for f in ("train.jsonl", "dev.jsonl"))]
+        case ("demo",) | ("doctor",) | ("preflight",) | ("sandbox", _):
+            return [], []  # their config, and what they write under runs/ themselves
         case ("sft", "make-demos"):
             return [], local(args.output)
         case ("eval", "compare"):
@@ -140,6 +194,27 @@ def demo_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[st
     return ran
 
 
+def test_every_readme_block_runs_here_or_says_what_it_needs():
+    for number, (needs, lines) in enumerate(readme_blocks()):
+        assert needs <= NEEDS, f"README block {number}: unknown needs {sorted(needs - NEEDS)}"
+        if needs:
+            continue
+        for line in lines:
+            words = program(line)
+            if not words:
+                continue
+            name = Path(words[0]).name  # .venv/bin/python is python
+            assert name in RUNS_HERE, (
+                f"README block {number}: `{line.strip()}` runs {words[0]}; mark the block "
+                "<!-- needs: ... --> or run it here"
+            )
+            if name == "make":
+                for target in [w for w in words[1:] if "=" not in w]:
+                    assert re.search(rf"^{re.escape(target)}:", MAKEFILE, re.M), line
+            if name == "python":
+                assert (ROOT / words[1]).is_file() and words[1].startswith("examples/"), line
+
+
 def test_the_readme_commands_parse_sample_with_a_config_and_read_what_was_written():
     commands = [argv for _, argv in readme_commands()]
     assert len(commands) >= 10
@@ -147,6 +222,48 @@ def test_the_readme_commands_parse_sample_with_a_config_and_read_what_was_writte
         if kind(args) in SAMPLING:
             assert args.config, f"README: `retool {' '.join(kind(args))}` samples without --config"
             assert (ROOT / args.config).is_file(), args.config
+
+
+def test_the_readme_commands_that_need_a_gpu_or_a_service_parse_and_their_settings_load():
+    commands = [argv for _, argv in readme_commands(marked=True)]
+    assert commands
+    parser = build_parser()
+    for argv in commands:
+        args = parser.parse_args(argv)  # SystemExit (an argument error) fails the test
+        if getattr(args, "config", None):
+            assert (ROOT / args.config).is_file(), f"README: {shlex.join(argv)}"
+        if kind(args) in {("train",), ("sft",), ("preflight",)}:
+            load_command_config(args, args.command)  # the --set keys: known, not idle
+
+
+def test_the_cheap_readme_commands_run(tmp_path, monkeypatch, capsys):
+    """``retool prepare-data demo`` as the README says, in a scratch directory; each
+    example's ``--help``."""
+    monkeypatch.chdir(tmp_path)
+    ran = 0
+    for _, argv in readme_commands():
+        if argv[:2] == ["prepare-data", "demo"]:
+            assert main(argv) == 0, capsys.readouterr().err
+            out = Path(build_parser().parse_args(argv).output_dir)
+            assert load_dataset(str(out / "dev.jsonl")) == demo_examples("dev")
+            ran += 1
+    assert ran
+    examples = {
+        words[1]
+        for needs, lines in readme_blocks()
+        for line in lines
+        if not needs and (words := program(line)) and Path(words[0]).name == "python"
+    }
+    assert examples
+    for script in sorted(examples):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / script), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
 
 
 def test_the_readme_pipeline_runs_the_demos_settings(tmp_path, monkeypatch):
@@ -183,23 +300,11 @@ def test_every_dataset_help_says_which_split_bare_demo_is(command, capsys):
     assert "test split" in " ".join(capsys.readouterr().out.split())
 
 
-MEASURED = re.compile(
-    r"(?<!default )\b\d+(\.\d+)?\s?(s|ms|tok/s|req/s|GB/s|minutes)\b|\b\d+m\d+s\b"
-)
-
-
-def test_every_readme_paragraph_with_a_measured_time_says_when():
-    """A time or rate in prose comes from a run: its paragraph gives the date (tables and
-    code blocks are dated by the paragraph that introduces them), and the README says
-    once that another machine prints other numbers."""
+def test_the_readme_is_a_guide_without_dated_measurements():
+    """Dated runs live in docs/measurements.md (with their hosts and commits), which the
+    README's results table links; the README holds no date that would make it a log."""
     text = README.read_text(encoding="utf-8")
-    assert "Another machine" in text and "prints other numbers" in text
-    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
-    undated = [
-        paragraph[:120]
-        for paragraph in re.split(r"\n\s*\n", text)
-        if not paragraph.lstrip().startswith("|")
-        and MEASURED.search(paragraph)
-        and not re.search(r"\b20\d\d-\d\d-\d\d\b", paragraph)
-    ]
-    assert not undated, undated
+    dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
+    assert not dates, f"README: dated entries belong in docs/measurements.md: {dates}"
+    assert "(docs/measurements.md)" in text
+    assert len(text.splitlines()) <= 320, "the README is a guide: keep it short"
