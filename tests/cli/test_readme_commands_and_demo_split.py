@@ -1,9 +1,10 @@
 """The README's commands and the bare ``demo`` dataset, one table row per case.
 
 * Every ```` ```bash ```` block of the README either runs here or is marked with
-  what it needs, in an HTML comment on the line before it: ``<!-- needs: gpu -->``,
-  ``<!-- needs: a service -->`` (a training service, a vLLM server, a credential) or
-  ``<!-- needs: downloads -->`` (a model, a dataset, a package), comma-separated.
+  what it needs, on the line just before it, in words the reader sees (italic):
+  ``*needs: gpu*``, ``*needs: a service*`` (a training service, a vLLM server, a
+  credential) or ``*needs: downloads*`` (a model, a dataset, a package), or several,
+  comma-separated (``*needs: gpu, downloads*``).
   An unmarked block holds only commands that run on this machine: ``retool`` (also
   under ``torchrun -m retool``), ``make`` of a target the Makefile has, and
   ``python examples/...``.
@@ -61,7 +62,7 @@ def readme_blocks() -> list[tuple[frozenset[str], list[str]]]:
     text = README.read_text(encoding="utf-8")
     blocks = []
     for marker, block in re.findall(
-        r"(?:<!-- needs: ([^>]*?) -->\n)?^```bash\n(.*?)^```", text, re.M | re.S
+        r"(?:^\*needs: ([^*\n]+)\*\n)?^```bash\n(.*?)^```", text, re.M | re.S
     ):
         needs = frozenset(n.strip() for n in marker.split(",")) if marker else frozenset()
         blocks.append((needs, block.replace("\\\n", " ").splitlines()))
@@ -206,7 +207,7 @@ def test_every_readme_block_runs_here_or_says_what_it_needs():
             name = Path(words[0]).name  # .venv/bin/python is python
             assert name in RUNS_HERE, (
                 f"README block {number}: `{line.strip()}` runs {words[0]}; mark the block "
-                "<!-- needs: ... --> or run it here"
+                "*needs: ...* or run it here"
             )
             if name == "make":
                 for target in [w for w in words[1:] if "=" not in w]:
