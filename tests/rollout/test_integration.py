@@ -52,7 +52,7 @@ def test_tiny_random_rolls_out_end_to_end(sampler, sandbox):
     tokenizer = sampler.get_tokenizer()
     result = rollout_batch(sampler, tokenizer, sandbox, examples, CONFIG, step=3)
     _check_invariants(result, examples)
-    assert all(t.policy_version == 3 for t in result.trajectories)
+    assert all(t.policy_version == 2 for t in result.trajectories)  # weights after 2 steps
     # Sampled logprobs are the policy's own: forward on the same tokens agrees.
     trajectory = result.trajectories[0]
     turn = trajectory.turns[0]

@@ -47,6 +47,7 @@ class RunConfig:
                 'sampler.sync = "lora" needs a LoRA trainer (model.lora_rank > 0); with '
                 'model.lora_rank = 0 use sampler.sync = "merged"'
             )
+        check_lagged_sampler(self)
         if self.rollout.max_trajectory_tokens > self.train.max_train_tokens:
             raise ConfigError(
                 f"rollout.max_trajectory_tokens ({self.rollout.max_trajectory_tokens}) must be "
@@ -56,3 +57,24 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+
+def check_lagged_sampler(config: RunConfig) -> None:
+    """Refuse a sampler that cannot hold two policies while ``train.max_off_policy_steps > 0``.
+
+    An in-process vLLM engine in ``sync = "merged"`` mode holds one set of weights,
+    reloaded in place: a newer policy would change the weights under a rollout that
+    must sample with an older one. Adapters (``sync = "lora"``, in process or on
+    servers) stay loaded side by side. Called at load for ``engine = "vllm"`` and
+    again once ``"auto"`` has chosen (:class:`~retool.training.session.Session`).
+    """
+    if (
+        config.train.max_off_policy_steps
+        and config.sampler.engine == "vllm"
+        and config.sampler.sync == "merged"
+    ):
+        raise ConfigError(
+            f"train.max_off_policy_steps = {config.train.max_off_policy_steps} needs "
+            'sampler.sync = "lora" with sampler.engine = "vllm": a merged engine holds one '
+            "policy, and overlapped steps sample with an older one while the newest trains"
+        )

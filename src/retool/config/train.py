@@ -18,6 +18,10 @@ class TrainConfig:
     # optimizer updates per step, each on a contiguous share of the step's groups (PPO
     # mini-batches; retool.training.updates), in [1, questions_per_batch]
     updates_per_step: int = 1
+    # overlapped steps (retool.training.overlap): step s samples with the policy after
+    # max(0, s - 1 - k) steps while the steps before it train; 0 = rollout then training,
+    # in series. In [0, 16]
+    max_off_policy_steps: int = 0
     loss: str = "ppo"  # ppo | importance_sampling | cispo
     clip_low: float = 0.8  # PPO/CISPO ratio clip, lower bound (absolute), in (0, 1]
     clip_high: float = 1.28  # PPO/CISPO ratio clip, upper bound (absolute), in [1, 100]
@@ -61,6 +65,7 @@ class TrainConfig:
             "steps": (1, 10**7),
             "questions_per_batch": (1, 2**16),
             "updates_per_step": (1, 2**16),
+            "max_off_policy_steps": (0, 16),
             "max_train_tokens": (1, 2**20),
             "micro_batch_tokens": (1, 2**24),
             "micro_batch_items": (1, 2**16),

@@ -128,6 +128,7 @@ class _Work:
     reserve: tuple[MathExample, ...]
     reuse: Mapping[int, Sequence[Trajectory]]
     step: int
+    policy_version: int  # training steps done by the policy that samples (Trajectory's)
 
 
 class _Batch:
@@ -319,7 +320,7 @@ class _Batch:
             group_index=0,
             messages=messages,
             question_index=question_index,
-            policy_version=self.work.step,
+            policy_version=self.work.policy_version,
         )
         prompt = self.dialect.render_prompt(self.tokenizer, messages)
         plan = self.plan(root, len(prompt))
@@ -558,6 +559,7 @@ async def rollout_batch_async(
     reuse: Mapping[int, Sequence[Trajectory]] | None = None,
     scorer: Scorer | None = None,
     reserve: Sequence[MathExample] = (),
+    policy_version: int | None = None,
 ) -> RolloutResult:
     """Roll out ``group_size`` trajectories per example; for callers inside an event loop.
 
@@ -580,6 +582,11 @@ async def rollout_batch_async(
     only with ``config.dynamic_sampling``; reserve question ``k`` takes slot
     ``len(examples) + k`` (a slot ``reuse`` may name). The result then holds
     ``len(examples) + result.extra_questions`` groups.
+
+    ``policy_version``: the training steps the sampling policy has taken, recorded in
+    every trajectory (default ``max(0, step - 1)``: the RL loop's step ``s`` samples
+    with the weights after ``s - 1`` steps; with ``train.max_off_policy_steps = k``
+    after ``max(0, s - 1 - k)``, :mod:`retool.training.overlap`).
     """
     reuse = dict(reuse or {})
     slots = len(examples) + (len(reserve) if config.dynamic_sampling else 0)
@@ -594,7 +601,13 @@ async def rollout_batch_async(
     check_context_limit(config, context_limit, "the trainer")
     batch = _Batch(
         _Engines(sampling_client, tokenizer, sandbox),
-        _Work(tuple(examples), tuple(reserve), reuse, step),
+        _Work(
+            tuple(examples),
+            tuple(reserve),
+            reuse,
+            step,
+            max(0, step - 1) if policy_version is None else policy_version,
+        ),
         config,
         Scoring(scorer, checker, reward_timeout),
         progress,

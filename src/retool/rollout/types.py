@@ -125,7 +125,7 @@ class Trajectory:
     advantage: float = 0.0  # group-centred reward; 0 for excluded trajectories
     stop_reason: StopReason | None = None  # why it ended; set on every ended trajectory
     error: str | None = None  # the last infrastructure, text or reward error
-    policy_version: int = 0  # training step whose weights sampled it
+    policy_version: int = 0  # training steps taken by the policy that sampled it
     sample_retries: int = 0  # sampler calls retried for this trajectory
     sandbox_retries: int = 0  # sandbox calls retried for this trajectory
     started_s: float = 0.0  # seconds after the batch started when it was forked

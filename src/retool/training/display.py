@@ -25,6 +25,7 @@ class Display:
     ) -> None:
         disable = None if enabled else True  # None: tqdm turns itself off when not a TTY
         self.per_step = per_step
+        self.step: int | None = None  # the step the inner bar counts (new_step's)
         self.steps = tqdm(
             total=total_steps,
             initial=first_step,
@@ -55,8 +56,13 @@ class Display:
             self.inner.total = total
         self.inner.update(count)
 
-    def new_step(self, phase: str) -> None:
+    def new_step(self, phase: str, step: int | None = None, done: int = 0) -> None:
+        """A fresh inner bar for ``step``; ``done`` units of it already ended (an overlapped
+        step's rollout runs ahead of the bar, :mod:`retool.training.overlap`)."""
+        self.step = step
         self.inner.reset(total=self.per_step)
+        if done:
+            self.inner.update(done)
         self.inner.set_description_str(phase)
 
     def end_step(self, line: str, advance: bool = True) -> None:

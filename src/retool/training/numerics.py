@@ -27,7 +27,9 @@ the code cites"). This module makes what the RL step does about it explicit:
   add without discarding whole trajectories, as ``mis`` would for every long
   bf16 trajectory whose small per-token errors add up). On the local backend
   the correction is applied in the loss (:mod:`retool.backends.local.losses`),
-  in both ``old_logprobs`` modes. A remote service's loss cannot be changed, so
+  in both ``old_logprobs`` modes. With ``train.max_off_policy_steps = k >= 1``
+  the sampler is k steps behind the trainer, so ``auto`` is ``tis`` wherever it
+  can be applied, whatever the dtypes. A remote service's loss cannot be changed, so
   there it goes through the advantages (a detached positive weight per token
   scales the per-token loss of every built-in loss exactly), which needs the
   trainer's logprobs before the update: ``old_logprobs = "recompute"``; with
@@ -182,10 +184,15 @@ def record_numerics(
         run.log(f"numerics: {numerics.summary()}")
 
 
-def resolve_correction(setting: str, numerics: Numerics | None) -> str:
-    """``auto`` -> ``none`` when both roles are float32 (or unknown: a remote service)."""
+def resolve_correction(setting: str, numerics: Numerics | None, lagged: bool = False) -> str:
+    """``auto`` -> ``none`` when both roles are float32 (or unknown: a remote service) and
+    the sampler is the trainer's policy; ``tis`` when ``lagged`` (``train.max_off_policy_steps``
+    and a place to apply it: the local loss, or ``old_logprobs = "recompute"``), where
+    π_sampler is k steps behind π_trainer."""
     if setting != "auto":
         return setting
+    if lagged:
+        return "tis"
     if numerics is None or numerics.all_float32:
         return "none"
     return "tis"
@@ -273,7 +280,8 @@ def prepare_step(
     (each a list of micro-batches); with ``recompute``, one trainer ``forward`` per
     micro-batch of every update, all before the first update trains."""
     cfg, local = config.train, correction_in_loss(config.model)
-    correction = resolve_correction(cfg.rollout_correction, numerics)
+    lagged = cfg.max_off_policy_steps > 0 and (local or cfg.old_logprobs == "recompute")
+    correction = resolve_correction(cfg.rollout_correction, numerics, lagged)
     low, high = cfg.clip_low, cfg.clip_high
     step_config = dict(loss_config or {})
     if local and correction != "none":

@@ -304,6 +304,9 @@ class RunDirectory:
         self.log_path = path / "log.txt"
         self.lock_note: str | None = None  # a stale lock taken over (see run_lock)
         self.completed_at_open = 0  # the last committed step when --resume opened it
+        # train.max_off_policy_steps: journals outlive their step's commit until a
+        # checkpoint covers them (see complete_step, add_checkpoint, rewind)
+        self.lag = 0
 
     # -- opening -------------------------------------------------------------------
     @property
@@ -330,6 +333,7 @@ class RunDirectory:
         in ``inputs.json`` for a new run and checked on ``--resume``.
         """
         run = cls(Path(path))
+        run.lag = config.train.max_off_policy_steps
         if run.path.exists() and not run.path.is_dir():
             raise RetoolError(f"run directory {run.path} is a file; choose another --run-dir")
         if resume and (why := refusal(run.path, resume=True)):
@@ -479,6 +483,10 @@ class RunDirectory:
             step, self._relative(state_path), self._relative(sampler_path), time.time()
         )
         _append_line(self.manifest_path, dataclasses.asdict(record))
+        if self.lag:  # a resume from here reuses the journals after ``step`` only
+            for path in self.journal_dir.glob("step_*.jsonl"):
+                if step_of(path) <= step:
+                    path.unlink(missing_ok=True)
         return dataclasses.replace(
             record, state_path=str(state_path), sampler_path=str(sampler_path)
         )
@@ -504,7 +512,11 @@ class RunDirectory:
     ) -> None:
         """Rollouts file, then the step's metrics line (the commit point), then drop its journal.
 
-        ``records`` are the step's trajectories (or, for SFT, its conversations).
+        ``records`` are the step's trajectories (or, for SFT, its conversations). With
+        ``lag`` (``train.max_off_policy_steps``) the journal stays until a checkpoint of
+        this step or a later one is listed: a resume from an earlier checkpoint cannot
+        sample this step again (the policy that sampled it is older than the checkpoint),
+        so it reuses the journal.
         """
         lines = "".join(
             json.dumps(r.to_record() if isinstance(r, Trajectory) else r) + "\n" for r in records
@@ -512,12 +524,15 @@ class RunDirectory:
         write_atomic(self.rollouts_path(step), gzip.compress(lines.encode(), mtime=0))
         crash_point("rollouts", step)
         _append_line(self.metrics_path, {"step": step, **metrics})
-        self.journal(step).remove()
+        if not self.lag:
+            self.journal(step).remove()
 
     def rewind(self, step: int) -> None:
         """Forget every step after ``step`` (the checkpoint a resume starts from).
 
-        Keeps the journal of ``step + 1``: it was sampled by the checkpoint's weights.
+        Keeps the journal of ``step + 1``: it was sampled by the checkpoint's weights;
+        with ``lag`` = k those of steps ``step + 1 .. step + 1 + k`` (sampled by the
+        policies after ``step - k .. step`` steps, :mod:`retool.training.overlap`).
         """
         kept = [r for r in _read_jsonl(self.metrics_path, ("step",)) if int(r["step"]) <= step]
         write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
@@ -525,7 +540,7 @@ class RunDirectory:
             if step_of(path) > step:
                 path.unlink()
         for path in self.journal_dir.glob("step_*.jsonl"):
-            if step_of(path) != step + 1:
+            if not step + 1 <= step_of(path) <= step + 1 + self.lag:
                 path.unlink()
         for path in self.eval_dir.glob("step_*.jsonl"):
             if step_of(path) > step:

@@ -89,6 +89,13 @@ class LoopState:
     completed: int = 0  # last step whose metrics line is written
     checkpointed: int = -1  # step of the newest manifest line
     consistent: bool = True  # weights == those after ``completed`` updates
+    # overlapped steps (retool.training.overlap): whether the rollouts a resume from a
+    # checkpoint of step c needs are journaled (those of steps up to c + k), and a wait
+    # for them; without a lag a checkpoint needs none
+    ready: Callable[[int], bool] = lambda step: True
+    settle: Callable[[int], None] = lambda step: None
+    flush: Callable[[], None] = lambda: None  # list the checkpoints that waited for them
+    lag: int = 0
 
 
 class Phases:
@@ -192,6 +199,13 @@ def emergency_checkpoint(
         yield
     except BaseException:
         if state.consistent and state.completed > state.checkpointed and state.completed > 0:
+            if not state.ready(state.completed + state.lag):
+                run.log(
+                    f"no checkpoint of step {state.completed} saved before stopping: the "
+                    "rollouts sampled before it for the steps after it are not all journaled "
+                    "(train.max_off_policy_steps); --resume starts from the last checkpoint"
+                )
+                raise
             try:
                 save_checkpoint(run, trainer, state.completed, state)
                 run.log(f"saved a checkpoint of step {state.completed} before stopping")
@@ -316,6 +330,8 @@ class Session:
     def stop_for_budget(self, completed: int, reason: str) -> None:
         """Checkpoint the last completed step (unless it has one) and say why the run stops."""
         state = self.state
+        state.settle(completed + state.lag)  # overlapped: the later rollouts journaled,
+        state.flush()  # and the checkpoints waiting for them listed
         if completed > 0 and state.checkpointed < completed and state.consistent:
             with self.guard.critical():
                 save_checkpoint(self.run, self.trainer, completed, state)
