@@ -254,16 +254,27 @@ def defaults_toml() -> str:
 
 
 def _markdown_text(text: str) -> str:
-    """Docstring and comment text as Markdown: ``x`` -> `x`, :role:`~a.b` -> `b`."""
-    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: f"`{m.group(1).split('.')[-1]}`", text)
+    """Docstring and comment text as Markdown: ``x`` -> `x`, :role:`~a.b` -> `a.b`, and
+    ``<`` / ``>`` outside code as entities (``"demo:<split>"`` is text, not an HTML tag)."""
+    # a role's target may be wrapped across lines in the source: join it again
+    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: "`" + re.sub(r"\s+", "", m.group(1)) + "`", text)
     text = text.replace("``", "`")
-    return text
+    return _outside_code(text, lambda p: p.replace("<", "&lt;").replace(">", "&gt;"))
+
+
+def _outside_code(text: str, change: typing.Callable[[str], str]) -> str:
+    """``text`` with ``change`` applied to every part outside a `code span`."""
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(p if p.startswith("`") else change(p) for p in parts)
 
 
 def _cell(text: str) -> str:
-    """Text for a table cell: ``|`` outside code spans escaped, line breaks joined."""
-    parts = re.split(r"(`[^`]*`)", _markdown_text(text).replace("\n", " "))
-    return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in parts)
+    """Text for a table cell: one line, and outside code spans ``|`` and the characters
+    Markdown would read as emphasis or a link (``2**16``, ``[0, 1] (x)``) escaped."""
+    return _outside_code(
+        _markdown_text(text).replace("\n", " "),
+        lambda p: re.sub(r"([|*_\[\]\\])", r"\\\1", p),
+    )
 
 
 def render_reference() -> str:
@@ -282,9 +293,11 @@ def render_reference() -> str:
         "",
     ]
     for section in sections():
+        # the summary line, the table, then the rest of the docstring: the keys come first
+        summary, _, details = section.doc.partition("\n\n")
         out += [f"## [{section.name}]", ""]
-        if section.doc:
-            out += [_markdown_text(section.doc), ""]
+        if summary:
+            out += [_markdown_text(summary), ""]
         out += [
             "| key | type | default | allowed | description |",
             "| --- | --- | --- | --- | --- |",
@@ -296,6 +309,8 @@ def render_reference() -> str:
                 f"| {_cell(f.allowed)} | {_cell(f.description)} |"
             )
         out.append("")
+        if details.strip():
+            out += [_markdown_text(details.strip()), ""]
     out += [
         "## Every default in one file",
         "",
