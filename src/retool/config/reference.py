@@ -87,13 +87,22 @@ def sections() -> tuple[SectionDoc, ...]:
                     section=section.name,
                     key=item.name,
                     type=_TOML_TYPES.get(getattr(kind, "__name__", ""), str(kind)),
-                    default=item.default,
+                    default=_default(item),
                     allowed=allowed_values(cls, section.name, item.name, kind),
                     description=comments.get(item.name, ""),
                 )
             )
         result.append(SectionDoc(section.name, cls, inspect.getdoc(cls) or "", tuple(docs)))
     return tuple(result)
+
+
+def _default(item: dataclasses.Field[Any]) -> Any:
+    """A field's default value, from its factory if it has one."""
+    if item.default is not dataclasses.MISSING:
+        return item.default
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return None  # required (no section has one: every key has a default)
 
 
 def field_comments(cls: type) -> dict[str, str]:
