@@ -231,6 +231,28 @@ def test_policy_sampler_publishes_each_step_once(fake, tmp_path):
     assert fake.adapters == {} and not (tmp_path / trainer.saved[1]).exists()
 
 
+def test_overlapped_steps_keep_the_older_policies_served(fake, tmp_path):
+    """train.max_off_policy_steps = 1 keeps two adapters: the rollout still sampling with the
+    policy one step behind is served while the newest is published, then both retire."""
+    from retool.backends.vllm.server_policy import ServerPolicySampler
+
+    trainer = FakeTrainer(tmp_path)
+    sampler = ServerPolicySampler(trainer, VllmServers([fake.url]), keep=2)
+    tag = sampler.run_tag
+    older = sampler.snapshot()
+    trainer.steps = 1
+    sampler.snapshot()
+    assert sorted(fake.adapters) == [f"policy-step-0.{tag}", f"policy-step-1.{tag}"]
+    seq = older.sample(ModelInput.from_ints([1]), 1, SamplingParams(max_tokens=1)).result()
+    assert seq.sequences[0].policy_version == older.policy_version == f"policy-step-0.{tag}"
+    trainer.steps = 2
+    sampler.snapshot()
+    assert sorted(fake.adapters) == [f"policy-step-1.{tag}", f"policy-step-2.{tag}"]
+    assert not (tmp_path / trainer.saved[0]).exists() and (tmp_path / trainer.saved[1]).exists()
+    sampler.close()
+    assert fake.adapters == {} and not any((tmp_path / name).exists() for name in trainer.saved)
+
+
 def test_a_stale_server_is_visible_in_every_sample(fake, tmp_path):
     """A server that answers with other weights than asked for (a sync that did not apply)."""
     fake.adapters["policy-step-1"] = str(tmp_path)

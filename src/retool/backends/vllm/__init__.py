@@ -82,4 +82,6 @@ def open_policy_sampler(
         return open_server_sampler(config, trainer)
     # the in-process engine's trainer is the local one: RunConfig refuses any other backend
     local = cast("LocalTrainingClient", trainer)
-    return VllmPolicySampler(local, sampler.sync, engine_options(config), Path(work_dir) / "vllm")
+    keep = config.train.max_off_policy_steps + 1  # overlapped steps' older policies stay loaded
+    options, root = engine_options(config), Path(work_dir) / "vllm"
+    return VllmPolicySampler(local, sampler.sync, options, root, keep=keep)

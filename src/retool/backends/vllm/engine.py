@@ -103,6 +103,7 @@ class EngineOptions:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     max_model_len: int = 8192  # longest prompt + completion
     lora_rank: int = 0  # > 0: enable LoRA with this max rank (sync = "lora")
+    max_loras: int = 2  # adapters served at once (>= the policies overlapped steps keep)
     enforce_eager: bool = True  # no graph compilation
     kv_cache_gb: int = 1  # CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, whole GiB)
     gpu_memory_utilization: float = 0.9  # GPU only
@@ -205,7 +206,9 @@ class VllmEngine:
         }
         if options.lora_rank > 0:
             kwargs.update(
-                enable_lora=True, max_lora_rank=lora_rank_slot(options.lora_rank), max_loras=2
+                enable_lora=True,
+                max_lora_rank=lora_rank_slot(options.lora_rank),
+                max_loras=options.max_loras,
             )
         if not chunked_prefill_safe():
             kwargs["enable_chunked_prefill"] = False
@@ -487,8 +490,15 @@ class VllmPolicySampler(StepSynced):
     trainer: LocalTrainingClient  # its model is exported and synced in place
 
     def __init__(
-        self, trainer: LocalTrainingClient, sync: str, options: EngineOptions, work_dir: str | Path
+        self,
+        trainer: LocalTrainingClient,
+        sync: str,
+        options: EngineOptions,
+        work_dir: str | Path,
+        keep: int = 1,
     ) -> None:
+        """``keep`` (``sync = "lora"``): adapters left loaded, the newest;
+        ``train.max_off_policy_steps + 1``, so overlapped steps' older policies stay."""
         if sync not in ("lora", "merged"):
             raise BackendError(f"vllm: sync must be lora or merged, got {sync!r}")
         self.trainer = trainer
@@ -498,11 +508,15 @@ class VllmPolicySampler(StepSynced):
         if sync == "lora":
             if lora is None:
                 raise BackendError('vllm: sync = "lora" needs a LoRA trainer (model.lora_rank > 0)')
-            options = dataclasses.replace(options, lora_rank=int(lora.rank))
+            options = dataclasses.replace(
+                options, lora_rank=int(lora.rank), max_loras=max(options.max_loras, keep)
+            )
         self.synced_step: int | None = None
         self.sync_seconds: list[float] = []  # per sync, for the README figures and the bench
         self._lora_request: Any = None
         self._lora_dir: Path | None = None
+        self.keep = max(1, keep)
+        self._older: list[tuple[Any, Path]] = []  # still loaded for older policies, oldest first
         self._work_root = Path(work_dir)  # the run's checkpoints/vllm: removed when left empty
         self.work_dir: Path | None = None  # this engine's exported model, under _work_root
         try:
@@ -559,24 +573,28 @@ class VllmPolicySampler(StepSynced):
         name = f"vllm_policy_step_{step:06d}"
         path = Path(self.trainer.save_weights_for_sampler(name).result().path)
         old, old_dir = self._lora_request, self._lora_dir
+        kept = [*self._older, *([(old, old_dir)] if old is not None and old_dir else [])]
+        retired = kept[: max(0, len(kept) - (self.keep - 1))]  # beyond keep, the new included
         try:
             lora_request_type = importlib.import_module("vllm.lora.request").LoRARequest
             request = lora_request_type(version, step + 1, str(path))
 
             def apply(llm: Any) -> None:
-                if old is not None:
-                    llm.llm_engine.remove_lora(old.lora_int_id)
+                for gone, _ in retired:
+                    llm.llm_engine.remove_lora(gone.lora_int_id)
                 if not llm.llm_engine.add_lora(request):
                     raise BackendError(f"vllm: the engine did not load the adapter {path}")
 
             self.engine.call(apply)
         except BaseException:
-            if path != old_dir:
+            if path != old_dir and all(path != d for _, d in self._older):
                 remove_adapter(path)
             raise
+        self._older = kept[len(retired) :]
         self._lora_request, self._lora_dir = request, path
-        if old_dir is not None and old_dir != path:
-            remove_adapter(old_dir)
+        for _, gone_dir in retired:
+            if gone_dir != path:
+                remove_adapter(gone_dir)
 
     def close(self) -> None:
         """End the engine; delete the exported model and the last adapter (idempotent)."""
@@ -586,6 +604,8 @@ class VllmPolicySampler(StepSynced):
         if self._lora_dir is not None:
             remove_adapter(self._lora_dir)
             self._lora_dir = None
+        while self._older:
+            remove_adapter(self._older.pop()[1])
         if self.work_dir is not None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
         remove_empty_dir(self._work_root)

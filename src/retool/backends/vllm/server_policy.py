@@ -57,7 +57,9 @@ class ServerPolicySampler(StepSynced):
     ``sync_seconds`` holds the time of each publish (saving included).
     """
 
-    def __init__(self, trainer: TrainingClient, servers: VllmServers) -> None:
+    def __init__(self, trainer: TrainingClient, servers: VllmServers, keep: int = 1) -> None:
+        """``keep``: adapters left loaded (the newest); ``train.max_off_policy_steps + 1``,
+        so the older policies the overlapped steps still sample with stay served."""
         if getattr(trainer, "lora", None) is None:
             raise ConfigError(
                 "sampler.urls (vllm serve) syncs LoRA adapters: set model.lora_rank > 0"
@@ -71,7 +73,8 @@ class ServerPolicySampler(StepSynced):
         self.run_tag = secrets.token_hex(3)
         self.synced_step: int | None = None
         self.sync_seconds: list[float] = []
-        self._adapter_dir: Path | None = None
+        self.keep = max(1, keep)
+        self._adapter_dirs: list[Path] = []  # the loaded adapters' directories, oldest first
 
     def snapshot(self) -> ServerSamplingClient:
         step = self.catch_up()
@@ -93,21 +96,22 @@ class ServerPolicySampler(StepSynced):
         saved = self.trainer.save_weights_for_sampler(f"vllm_server_policy_step_{step:06d}")
         path = Path(saved.result().path)
         try:
-            self.servers.publish(policy_name(step, self.run_tag), path)
+            self.servers.publish(policy_name(step, self.run_tag), path, keep=self.keep)
         except BaseException:
-            if path != self._adapter_dir:
+            if path not in self._adapter_dirs:
                 remove_adapter(path)
             raise
-        old, self._adapter_dir = self._adapter_dir, path
-        if old is not None and old != path:
-            remove_adapter(old)
+        if path in self._adapter_dirs:
+            self._adapter_dirs.remove(path)
+        self._adapter_dirs.append(path)
+        while len(self._adapter_dirs) > self.keep:  # unloaded by publish: delete them too
+            remove_adapter(self._adapter_dirs.pop(0))
 
     def close(self) -> None:
         """Unload the run's adapters from the servers and delete the last one's directory."""
         self.servers.close()
-        if self._adapter_dir is not None:
-            remove_adapter(self._adapter_dir)
-            self._adapter_dir = None
+        while self._adapter_dirs:
+            remove_adapter(self._adapter_dirs.pop())
 
 
 def open_server_sampler(config: RunConfig, trainer: TrainingClient) -> ServerPolicySampler:
@@ -118,4 +122,5 @@ def open_server_sampler(config: RunConfig, trainer: TrainingClient) -> ServerPol
             'sampler.urls (vllm serve) syncs by adapter only: set sampler.sync = "lora" '
             '(sampler.sync = "merged" needs the in-process engine, sampler.urls = "")'
         )
-    return ServerPolicySampler(trainer, VllmServers(sampler.url_list))
+    keep = config.train.max_off_policy_steps + 1
+    return ServerPolicySampler(trainer, VllmServers(sampler.url_list), keep=keep)
