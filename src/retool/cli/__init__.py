@@ -24,7 +24,8 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from retool import __version__
 from retool.cli import (
@@ -44,7 +45,14 @@ from retool.cli import (
 from retool.cli import eval as eval_command
 from retool.cli.common import Parser
 from retool.errors import RetoolError
-from retool.interrupts import exit_status, quiet_leftover_interrupts, stop_on_signals
+from retool.interrupts import (
+    STOP_SIGNALS,
+    Stopped,
+    exit_status,
+    handlers,
+    quiet_leftover_interrupts,
+    stop_on_signals,
+)
 
 COMMANDS = (
     prepare_data,
@@ -104,47 +112,121 @@ def torchrun_world_size() -> int | None:
 def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """One rank of ``torchrun --nproc-per-node N -m retool ...``: rank 0 runs the command
     as in one process, the others only serve its trainer's calls (they write, print and
-    open nothing), until rank 0's command ends (``backends/local/distributed.py``)."""
+    open nothing), until rank 0's command ends (``backends/local/distributed.py``).
+
+    **One line per job.** Whatever ends it, a rank says at most one line
+    (:class:`_LastWord`); when a rank of this host is gone, that line names it,
+    even if the command was failing or being stopped for another reason at the time
+    (torchrun's SIGTERM to the survivors, a collective that failed, a checkpoint that
+    could not be gathered): the lost rank is the cause, the rest its consequences.
+
+    **Signals.** torchrun forwards a signal it gets (Ctrl-C on the launcher) to every
+    rank. Rank 0 stops as ``retool train`` does in one process: a step being committed
+    finishes first, the last completed step is saved. That needs the other ranks, so a
+    serving rank only records a stop signal and keeps serving until rank 0 releases it
+    (or is lost); torchrun's shutdown timeout (30 s, ``--shutdown-timeout``) kills any
+    rank still running after it. Signals stay ours until the process exits: torchrun's
+    SIGTERM (a rank died) may come after the command has returned, and Python's default
+    would end the rank by that signal, so that the launcher would report it instead of
+    the rank's own status.
+    """
     from retool.backends.local.distributed import rank_lost, run_command, world
     from retool.backends.local.service import serve_calls
 
+    last = _LastWord(rank_lost)
+
     def serve() -> int:
-        with stop_on_signals():
+        with handlers(dict.fromkeys(STOP_SIGNALS, last.record)):
             try:
-                serve_calls()
-                return 0
-            except KeyboardInterrupt as exc:  # torchrun passes Ctrl-C on to every rank:
-                return 128 + int(getattr(exc, "signum", signal.SIGINT))  # rank 0 says it
+                serve_calls()  # until rank 0 says "exit"; a lost rank 0 raises
             except RetoolError as exc:
-                rank = world().rank
-                print(f"retool: error: rank {rank}: {streams.one_line(str(exc))}", file=sys.stderr)
-                return 2
+                return last.end(partial(_error_line, f"rank {world().rank}: {exc}"))
+        return 0  # released by rank 0, which decided how the job ends
 
-    # Signals stay ours until the rank ends: torchrun's SIGTERM (a rank died) may come
-    # after the command, and Python's default would end this rank before its one line.
-    with stop_on_signals():
-        try:
-            return run_command(lambda: _run(parser, argv), serve)
-        except RetoolError as exc:  # the group could not form, or a rank was lost
-            print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt as exc:
-            lost = rank_lost()
-            if lost is not None:
-                print(f"retool: error: {streams.one_line(str(lost))}", file=sys.stderr)
-                return 2
-            return 128 + int(getattr(exc, "signum", signal.SIGINT))
+    for signum in STOP_SIGNALS:  # ours until the process exits: see _LastWord
+        signal.signal(signum, last.handle)
+    try:
+        return run_command(lambda: _run(parser, argv, last.end, last.handlers), serve)
+    except RetoolError as exc:  # the group could not form, or a rank was lost
+        return last.end(partial(_error_line, str(exc)))
+    except KeyboardInterrupt as exc:  # after the command, or while serving
+        return last.end(partial(_quiet_stop, exc))
+    finally:
+        last.said = True  # the rank is ending: a later signal is ignored, not its death
 
 
-def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    """Parse ``argv`` and run its subcommand: see the module docstring for how it ends."""
-    with stop_on_signals():
+def _quiet_stop(exc: KeyboardInterrupt) -> int:
+    """A stop signal after rank 0's command, or on a serving rank: rank 0 has said, or
+    says, the line; this rank only ends with ``128 + signal``."""
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
+
+
+def _error_line(text: str) -> int:
+    print(f"retool: error: {streams.one_line(text)}", file=sys.stderr)
+    return 2
+
+
+class _LastWord:
+    """A torchrun rank's single line: :meth:`end` prints it once (the lost rank first),
+    after which stop signals no longer raise (:meth:`handle`): the rank is ending."""
+
+    def __init__(self, lost: Callable[[], RetoolError | None]) -> None:
+        self._lost = lost
+        self.said = False
+        self.status = 1  # if a signal cut the line short
+        self.recorded: int | None = None  # a serving rank's last stop signal (not acted on)
+
+    def end(self, say: Callable[[], int]) -> int:
+        """``say()`` prints the command's line and returns its status; a lost rank's line
+        replaces it (status 2); once said, a later call prints nothing."""
+        if self.said:
+            return self.status
+        self.said = True
+        lost = self._lost()
+        if lost is not None:
+            self.status = 2
+            return _error_line(str(lost))
+        self.status = say()
+        return self.status
+
+    def handle(self, signum: int, frame: object) -> None:
+        """Stop the command as ``stop_on_signals`` does, until the line is said."""
+        if not self.said:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Stopped(signum)
+
+    def record(self, signum: int, frame: object) -> None:
+        """A serving rank's handler: rank 0 decides when the job stops."""
+        self.recorded = signum
+
+    def handlers(self) -> contextlib.AbstractContextManager[None]:
+        """The command's signal handlers under torchrun (see :meth:`handle`)."""
+        return handlers(dict.fromkeys(STOP_SIGNALS, self.handle))
+
+
+def _plain_end(say: Callable[[], int]) -> int:
+    return say()
+
+
+def _run(
+    parser: argparse.ArgumentParser,
+    argv: list[str],
+    end: Callable[[Callable[[], int]], int] = _plain_end,
+    signals: Callable[[], contextlib.AbstractContextManager[None]] = stop_on_signals,
+) -> int:
+    """Parse ``argv`` and run its subcommand: see the module docstring for how it ends.
+
+    Each failure's line goes through ``end`` (``end(say)`` calls ``say``, which prints
+    the line and returns the status): under torchrun a lost rank's line replaces it.
+    """
+    with signals():
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help, --version, or a one-line argument error
             return exc.code if isinstance(exc.code, int) else 2
         except KeyboardInterrupt as exc:
-            return exit_status(exc)
+            return end(partial(exit_status, exc))
         if not getattr(args, "handler", None):
             parser.print_help()
             return 2
@@ -152,14 +234,12 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             status = int(args.handler(args) or 0)
             broken = streams.flush_stdout()
             if broken:
-                print(f"retool: error: {broken}", file=sys.stderr)
-                return 2
+                return end(partial(_error_line, broken))
             return status
         except RetoolError as exc:
-            print(f"retool: error: {streams.one_line(str(exc))}", file=sys.stderr)
-            return 2
+            return end(partial(_error_line, str(exc)))
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP; training's Interrupted too
-            return exit_status(exc)
+            return end(partial(exit_status, exc))
         except BrokenPipeError:  # `retool ... | head`: the reader left; not an error of ours
             with contextlib.suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -169,14 +249,10 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                 unnamed = streams.unnamed_failure(exc)  # stdout or a full disk
                 if unnamed is None:
                     raise  # not about a path: a bug, keep the traceback
-                print(f"retool: error: {unnamed}", file=sys.stderr)
-                return 2
+                return end(partial(_error_line, unnamed))
             # last resort: a path the command did not check itself (each should)
             names = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
-            print(
-                f"retool: error: {streams.one_line(names)}: {exc.strerror or exc}", file=sys.stderr
-            )
-            return 2
+            return end(partial(_error_line, f"{names}: {exc.strerror or exc}"))
 
 
 if __name__ == "__main__":

@@ -277,7 +277,13 @@ def run_command(command: Callable[[], int], serve: Callable[[], int]) -> int:
     every rank of the node as soon as one exits (its SIGTERM is an interrupt
     here). Either way the survivors raise :class:`RankLost`, one line naming
     the dead rank, instead of the collective's traceback; the run directory
-    holds what was committed, as after any interrupted step.
+    holds what was committed, as after any interrupted step. (The CLI prints
+    one line per rank whichever comes first: a command that already said the
+    lost rank's line, then returned, is raised here again, and not said twice.)
+
+    Stop signals are the caller's: the CLI's serving ranks keep serving after
+    one until rank 0, which stops as one process does (its commit window and
+    emergency checkpoint need them), sends ``exit``.
     """
     me = init_group()
     if not me.distributed:
@@ -291,8 +297,8 @@ def run_command(command: Callable[[], int], serve: Callable[[], int]) -> int:
                 with contextlib.suppress(Exception):
                     send(("exit",))
             raise (lost or exc) from None
-        # torchrun stops the survivors with SIGTERM when a rank died; Ctrl-C is SIGINT,
-        # after which the other ranks are gone too, by the user's wish: nothing to name.
+        # torchrun stops the survivors with SIGTERM when a rank died. Ctrl-C (SIGINT) is
+        # the user's wish: any rank gone by now has left by it, nothing to name.
         lost = _lost(None) if status not in (0, 128 + signal.SIGINT) else None
         if lost is not None:
             raise lost

@@ -355,8 +355,9 @@ class DriverTrainingClient:
 
     def _collective(self, method: str, *args: Any) -> Any:
         with self._order:
-            distributed.send(("call", self.key, method, args))
-            return self.local.collective(method, *args)
+            return _announced(
+                ("call", self.key, method, args), self.local.collective, method, *args
+            )
 
     def _future(self, method: str, *args: Any) -> Future[Any]:
         return Future.run(lambda: self._collective(method, *args))
@@ -402,8 +403,8 @@ class DriverTrainingClient:
         except Exception as exc:
             return Future.failed(exc)
         with self._order:
-            distributed.send(("call", self.key, "load", (None,)))
-            return Future.run(lambda: self.local.collective("load", loaded))
+            call = ("call", self.key, "load", (None,))
+            return Future.run(lambda: _announced(call, self.local.collective, "load", loaded))
 
     def save_weights_for_sampler(self, name: str, merge: bool = False) -> Future[SaveStateOutput]:
         """Every rank gathers the weights into rank 0's full copy, which writes them."""
@@ -421,6 +422,23 @@ class DriverTrainingClient:
         return self.local.get_tokenizer()
 
 
+def _announced(call: tuple[Any, ...], run: Callable[..., Any], *args: Any) -> Any:
+    """Rank 0: broadcast ``call``, then take its own part, ``run(*args)``, as one step.
+
+    Both run in one worker thread (``threads.run_in_worker``), so a stop signal that
+    reaches rank 0 meanwhile is raised only once its part is done: the serving ranks,
+    which run every call they receive, never wait in a collective rank 0 has left, and
+    the interrupt's own calls (the emergency checkpoint) find every rank at a call's
+    boundary.
+    """
+
+    def step() -> Any:
+        distributed.send(call)
+        return run(*args)
+
+    return run_in_worker(step)
+
+
 _keys = iter(range(1, 1 << 62))
 
 
@@ -436,9 +454,6 @@ def sharded_trainer(
     its copy. Returns a :class:`DriverTrainingClient` on rank 0."""
     me = distributed.world()
     key = next(_keys)
-    if me.driver:
-        service_options = {**service.options, "numerics": service.numerics}
-        distributed.send(("build", key, service_options, options["base_model"], lora, seed))
 
     def build() -> ShardedTrainingClient:
         import torch.distributed as dist
@@ -455,5 +470,8 @@ def sharded_trainer(
         root = shard(model, lm, service.device, options["autocast_dtype"] is not None)
         return ShardedTrainingClient(root, shadow, lora=lora, **options)
 
-    client = run_in_worker(build)
-    return DriverTrainingClient(client, key) if me.driver else client
+    if not me.driver:
+        return run_in_worker(build)
+    service_options = {**service.options, "numerics": service.numerics}
+    call = ("build", key, service_options, options["base_model"], lora, seed)
+    return DriverTrainingClient(_announced(call, build), key)
