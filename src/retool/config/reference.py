@@ -289,6 +289,11 @@ def _cell(text: str) -> str:
 def render_reference() -> str:
     """The whole configuration reference page, as Markdown."""
     out = [
+        "---",  # the site's left navigation hidden here: the five-column tables need the width
+        "hide:",
+        "  - navigation",
+        "---",
+        "",
         "# Configuration reference",
         "",
         "Every key of every section, generated from the config dataclasses in",
