@@ -79,3 +79,30 @@ def test_train_checkpoint_and_resume(backend, request, tmp_path):
         assert resumed.restored_optimizer is True
     assert resumed.source == pointer["remote_path"]
     assert resumed.optimizer_steps == 3  # the service's optimizer went on from step 2
+
+
+@pytest.mark.parametrize("backend", ["pytrio"])  # tinker passes too (2026-12-06), in 32 s
+def test_overlapped_steps_sample_with_the_pipelines_policy(backend, request, tmp_path):
+    """``train.max_off_policy_steps = 1`` on a service: each step's sampling client is the
+    one saved after step ``s - 2``, used from the rollout thread while the loop trains."""
+    import dataclasses
+    import gzip
+
+    from retool.training.loop import train
+
+    fake = request.getfixturevalue(f"fake_{backend}")
+    base = "Qwen/Qwen3-4B" if backend == "pytrio" else fake.base_model
+    run_dir = tmp_path / "run"
+    lagged = config(backend, base, run_dir, 3)
+    lagged = dataclasses.replace(
+        lagged, train=dataclasses.replace(lagged.train, max_off_policy_steps=1)
+    )
+    train(lagged, progress=False)
+    metrics = lines(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    for step, version in ((1, 0), (2, 0), (3, 1)):
+        path = run_dir / "rollouts" / f"step_{step:06d}.jsonl.gz"
+        records = [json.loads(line) for line in gzip.decompress(path.read_bytes()).splitlines()]
+        assert {r["policy_version"] for r in records} == {version}
+    assert [c["step"] for c in lines(run_dir / "checkpoints.jsonl")] == [1, 2, 3]
