@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from retool.backends import service_client
 from retool.config import load_config
 from retool.data import load_dataset, take_batch
-from retool.errors import ConfigError
+from retool.errors import ConfigError, StalePolicyError
 from retool.reward import load_reward_function
 from retool.rollout import rollout_batch
 from retool.sandbox import open_sandbox
@@ -201,3 +201,14 @@ def refuses_a_journal_of_another_policy(run_dir: Path, args: tuple[str, ...]) ->
     assert resumed.returncode != 0
     assert "policy after step 1" in resumed.stderr and "Traceback" not in resumed.stderr
     assert RunDirectory(copy).completed_steps() == [1]  # nothing trained on it
+
+
+def test_a_finished_lagged_run_is_not_extended(tmp_path):
+    """Its next steps would sample with policies it no longer holds: one line, nothing run."""
+    run_dir = str(tmp_path / "run")
+    train(load_config(write_config(tmp_path), ["train.steps=2"]), run_dir=run_dir, progress=False)
+    longer = load_config(write_config(tmp_path), ["train.steps=3"])
+    with pytest.raises(StalePolicyError, match="--init-from") as info:
+        train(longer, run_dir=run_dir, resume=True, progress=False)
+    assert "\n" not in str(info.value)
+    assert RunDirectory(tmp_path / "run").completed_steps() == [1, 2]

@@ -86,7 +86,8 @@ class MissingPolicy:
         return (
             f"step {self.step} samples with the policy after step {self.version} "
             f"(train.max_off_policy_steps), which this resume does not hold, and its journal "
-            f"{self.journal} is not whole; resume from an earlier checkpoint or start a new run"
+            f"{self.journal} is not whole (a finished run cannot be extended under a lag: "
+            "start a new run with --init-from its last checkpoint)"
         )
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
