@@ -126,9 +126,9 @@ def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     serving rank only records a stop signal and keeps serving until rank 0 releases it
     (or is lost); torchrun's shutdown timeout (30 s, ``--shutdown-timeout``) kills any
     rank still running after it. Signals stay ours until the process exits: torchrun's
-    SIGTERM (a rank died) may come after the command has returned, and Python's default
-    would end the rank by that signal, so that the launcher would report it instead of
-    the rank's own status.
+    SIGTERM (a rank died) may come after the command has returned, even while the
+    interpreter exits, and the default would end the rank by that signal (seen: 1 kill
+    in 3), so that the launcher would report it instead of the rank's own status.
     """
     from retool.backends.local.distributed import rank_lost, run_command, world
     from retool.backends.local.service import serve_calls
@@ -152,7 +152,9 @@ def _under_torchrun(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except KeyboardInterrupt as exc:  # after the command, or while serving
         return last.end(partial(_quiet_stop, exc))
     finally:
-        last.said = True  # the rank is ending: a later signal is ignored, not its death
+        last.said = True  # the rank is ending: a later signal is ignored, not its death,
+        for signum in STOP_SIGNALS:  # even while the interpreter exits (which restores
+            signal.signal(signum, signal.SIG_IGN)  # the default of a Python handler)
 
 
 def _quiet_stop(exc: KeyboardInterrupt) -> int:

@@ -34,6 +34,7 @@ import contextlib
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 COLLECTIVE_TIMEOUT_S = 60.0  # default: a dead rank stops the others within a minute
+LOST_GRACE_S = 3.0  # how long a failed collective waits to see which local rank died
 CALL_WAIT_S = 7 * 24 * 3600.0  # a serving rank waits this long for the driver's next call
 _group: dict[str, Any] = {}  # "control": the calls' gloo group; "meshes": by device type
 _places: list[tuple[str, int]] = []  # (host, pid) by rank, swapped when the group forms
@@ -248,9 +250,20 @@ def rank_lost() -> RankLost | None:
 
 
 def _lost(error: BaseException | None) -> RankLost | None:
-    """The one line for a job that lost a rank, or None if every rank here still runs."""
+    """The one line for a job that lost a rank, or None if every rank here still runs.
+
+    After a failed collective the dead peer is waited for a moment
+    (:data:`LOST_GRACE_S`): a killed process closes its sockets while the kernel
+    tears it down, before ``/proc`` shows it dead, so the survivor's collective can
+    fail first; the line should still name the rank.
+    """
     lost = lost_ranks()
-    if not lost and not (error is not None and _collective_failure(error)):
+    failed = error is not None and _collective_failure(error)
+    deadline = time.monotonic() + LOST_GRACE_S
+    while failed and not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+        lost = lost_ranks()
+    if not lost and not failed:
         return None
     who = ", ".join(f"rank {r} (pid {_places[r][1]})" for r in lost)
     what = f"{who} stopped" if lost else f"a collective failed ({type(error).__name__})"
