@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from tests.distributed.common import ROOT, environment, torchrun
 from tests.distributed.test_commands import RL
 
-ARGS = ("--no-progress", "--set", "train.save_every=1", "--set", "train.steps=3")
+ARGS = ("--no-progress", "--set", "train.save_every=1", "--set", "train.steps=2")
 
 
 def launcher(config: Path, run: Path, *extra: str, args: tuple[str, ...] = ARGS) -> list[str]:
@@ -74,7 +74,7 @@ def saved(run: Path) -> list[str]:
 
 
 def final_weights(run: Path) -> dict:
-    path = run / "checkpoints" / "state" / "step_000003" / "trainable.safetensors"
+    path = run / "checkpoints" / "state" / "step_000002" / "trainable.safetensors"
     return load_file(str(path))
 
 
@@ -111,7 +111,7 @@ def test_kill_9_of_a_serving_rank_stops_the_job_and_resume_is_exact(tmp_path):
     assert "Traceback" not in err  # neither ours nor the launcher's
     steps = committed(run)
     assert steps and steps == list(range(1, len(steps) + 1))
-    assert steps[-1] < 3, "the job finished before the kill: nothing was tested"
+    assert steps[-1] < 2, "the job finished before the kill: nothing was tested"
 
     # Resumed with plain torchrun: the launcher changes how the job ends, nothing else.
     more = torchrun("-m", "retool", "train", "--config", str(config), "--run-dir", str(run),
@@ -131,7 +131,7 @@ def test_ctrl_c_on_the_launcher_exits_130_saves_the_step_and_resumes(tmp_path):
     run = tmp_path / "run"
     # No checkpoint is due (save_every 10): the one of the last completed step is the
     # interrupt's own, which rank 0 can only write with the serving rank's shards.
-    args = ("--no-progress", "--set", "train.save_every=10", "--set", "train.steps=3")
+    args = ("--no-progress", "--set", "train.save_every=10", "--set", "train.steps=2")
     job = subprocess.Popen(
         launcher(config, run, args=args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=environment(), cwd=ROOT, start_new_session=True,
@@ -152,7 +152,8 @@ def test_ctrl_c_on_the_launcher_exits_130_saves_the_step_and_resumes(tmp_path):
     assert lines == ["retool: stopped by SIGINT; continue with --resume"], err[-3000:]
     assert "Traceback" not in err
     steps = committed(run)
-    assert steps and steps == list(range(1, len(steps) + 1)) and steps[-1] < 3, steps
+    # Step 1, or 2 when the signal came in its commit window (deferred to its end).
+    assert steps in ([1], [1, 2]), steps
     assert saved(run) == [f"step_{steps[-1]:06d}"]  # the last completed step, saved
 
     # The run is still one job's: while another holds its lock, a second job is refused.
@@ -185,4 +186,4 @@ def test_ctrl_c_on_the_launcher_exits_130_saves_the_step_and_resumes(tmp_path):
         env=environment(), cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert more.returncode == 0, more.stderr[-3000:]
-    assert committed(run) == [1, 2, 3]  # the interrupted step neither lost nor doubled
+    assert committed(run) == [1, 2]  # the interrupted step neither lost nor doubled
