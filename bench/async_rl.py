@@ -1,7 +1,7 @@
 """Steps per minute of overlapped RL steps (``train.max_off_policy_steps = k``) against k = 0.
 
     .venv/bin/python bench/async_rl.py [--workload a|b|both] [--steps N]
-        [--latency-ms 200] [--ks 0,1,2]
+        [--latency-ms 200] [--ks 0,1,2] [--init-from CHECKPOINT] [--set KEY=VALUE ...]
 
 The same RL steps (same config, seeds and data) run once per k in ``--ks``, in
 this process, each in a fresh run directory under a temporary directory, with
@@ -40,9 +40,14 @@ Workloads:
   against the expectation printed from the same run's k = 0.
 * ``b``, the demo's local workload (the default ``--steps 3``):
   ``configs/demo.toml``'s RL settings on the bundled SmolLM2-135M-Instruct,
-  from the base model (the demo starts RL from its SFT checkpoint; the step's
-  shape is the same). Sampling and training compete for the same CPU cores
-  here, so the overlap can only gain what one side leaves idle.
+  from ``--init-from`` (the demo's SFT checkpoint, ``RUN/sft``, as ``retool
+  demo`` starts its RL), else from the base model. From the base model every
+  group scores alike (always wrong), so no step trains and the overlap has
+  nothing to hide the rollout behind: measure from an SFT checkpoint.
+  Sampling and training compete for the same CPU cores here, so the overlap
+  can only gain what one side leaves idle. ``--set section.key=value`` goes to
+  this workload's config (e.g. ``train.questions_per_batch=4`` for a shorter
+  run).
 """
 
 from __future__ import annotations
@@ -247,7 +252,9 @@ def expected_ratio(metrics: Sequence[dict[str, float]]) -> tuple[float, float]:
     return step / max(rollout, rest), (rollout + training) / max(rollout, training)
 
 
-def run_once(config_path: Path, settings: list[str], k: int, root: Path) -> Measured:
+def run_once(
+    config_path: Path, settings: list[str], k: int, root: Path, init_from: str | None = None
+) -> Measured:
     """``train()`` on the config with ``train.max_off_policy_steps = k`` in a fresh run dir."""
     from retool.config import load_config
     from retool.training import run_dir as run_dir_module
@@ -268,7 +275,7 @@ def run_once(config_path: Path, settings: list[str], k: int, root: Path) -> Meas
         # the steps' summary lines go to a file: the table stays readable
         with log.open("w") as out, contextlib.redirect_stdout(out):
             started = time.monotonic()
-            run = train(config, run_dir=str(root / f"k{k}"), progress=False)
+            run = train(config, run_dir=str(root / f"k{k}"), progress=False, init_from=init_from)
             wall = time.monotonic() - started
     finally:
         run_dir_module.RunDirectory.complete_step = original  # type: ignore[method-assign]
@@ -301,7 +308,11 @@ def row(measured: Measured, base: float | None) -> str:
 
 
 def run_workload(
-    name: str, config: Path | str, settings: list[str], ks: list[int]
+    name: str,
+    config: Path | str,
+    settings: list[str],
+    ks: list[int],
+    init_from: str | None = None,
 ) -> list[Measured]:
     """Each k in turn, its row printed as it ends; ``config`` a path, or TOML text."""
     print(f"\nworkload {name}", flush=True)
@@ -315,7 +326,7 @@ def run_workload(
             path.write_text(config, encoding="utf-8")
             config = path
         for k in ks:
-            measured = run_once(config, settings, k, Path(tmp))
+            measured = run_once(config, settings, k, Path(tmp), init_from)
             done.append(measured)
             if k == 0:
                 serial, base = measured, steps_per_minute(measured)
@@ -340,6 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=0, help="default: 8 for a, 3 for b")
     parser.add_argument("--latency-ms", type=float, default=200.0, help="a: one round trip")
     parser.add_argument("--ks", default="0,1,2", help="comma-separated lags (0 first)")
+    parser.add_argument("--init-from", default=None, help="b: checkpoint to start RL from")
+    parser.add_argument("--set", action="append", default=[], help="b: config override")
     args = parser.parse_args(argv)
     try:
         ks = [int(k) for k in args.ks.split(",")]
@@ -363,9 +376,12 @@ def main(argv: list[str] | None = None) -> None:
             run_workload(title, run_toml(**TINY_SECTIONS), settings, ks)
     if args.workload in ("b", "both"):
         steps = args.steps or 3
-        settings = [f"train.steps={steps}", 'model.base_model="smollm2-135m-instruct"']
-        title = f"b: configs/demo.toml RL on SmolLM2-135M (base model), {steps} steps, local CPU"
-        run_workload(title, DEMO_CONFIG, settings, ks)
+        settings = [*args.set, f"train.steps={steps}"]
+        start = args.init_from or "the base model"
+        title = f"b: configs/demo.toml RL on SmolLM2-135M from {start}, {steps} steps, local CPU"
+        if args.set:
+            title += f", --set {' '.join(args.set)}"
+        run_workload(title, DEMO_CONFIG, settings, ks, args.init_from)
 
 
 if __name__ == "__main__":
