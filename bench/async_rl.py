@@ -293,7 +293,8 @@ def header() -> str:
 
 def row(measured: Measured, base: float | None) -> str:
     """One k's line; the phase columns are means over steps (the wait for the rollout
-    under ``rollout s`` when k >= 1: the overlapped rollout's own time is not on the loop)."""
+    under ``rollout s`` when k >= 1: the overlapped rollout's own time is not on the loop);
+    ``sampler_kl`` over the steps that trained (a step with nothing to train has none)."""
     m = measured.metrics
     rate = steps_per_minute(measured)
     ratio = f"{rate / base:5.2f}" if base else "  -  "
@@ -303,7 +304,7 @@ def row(measured: Measured, base: float | None) -> str:
         f"| {mean([x.get('time/training_s', 0.0) for x in m]):10.2f} "
         f"| {mean([x['time/step_s'] for x in m]):6.2f} | {measured.wall_s:6.1f} "
         f"| {mean([x['rollout/staleness_mean'] for x in m]):9.2f} "
-        f"| {mean([x.get('train/sampler_kl', float('nan')) for x in m]):10.2e} |"
+        f"| {mean([x['train/sampler_kl'] for x in m if 'train/sampler_kl' in x]):10.2e} |"
     )
 
 
