@@ -212,3 +212,26 @@ def test_a_finished_lagged_run_is_not_extended(tmp_path):
         train(longer, run_dir=run_dir, resume=True, progress=False)
     assert "\n" not in str(info.value)
     assert RunDirectory(tmp_path / "run").completed_steps() == [1, 2]
+
+
+def test_dynamic_sampling_and_several_updates_compose_with_a_lag(tmp_path):
+    """Each step's rollout (its reserve questions included) is the one without a lag; only
+    the policy moves: staleness counts optimizer steps (2 updates a step)."""
+    settings = [
+        "train.steps=3",
+        "train.questions_per_batch=2",
+        "train.updates_per_step=2",
+        "rollout.dynamic_sampling=true",
+        "rollout.max_oversample=2",
+        'reward.function="tests.training.rewards:alike_for_half"',
+    ]
+    run = train(
+        load_config(write_config(tmp_path), settings), run_dir=str(tmp_path / "run"), progress=False
+    )
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 2.0, 2.0]
+    assert all("rollout/filtered_groups" in m for m in metrics)
+    trained = [m for m in metrics if not m["train/update_skipped"]]
+    assert trained  # two optimizer steps per step that trained
+    assert [m["optim/step"] for m in trained] == [2.0 * (i + 1) for i in range(len(trained))]
