@@ -128,7 +128,9 @@ def test_a_pinned_choice_conflicting_with_an_explicit_dtype_is_refused(tmp_path)
     pinned = Numerics("auto", "float32", "bfloat16", (), HOST)
     with pytest.raises(ConfigError, match="differs from the run's recorded numerics"):
         LocalServiceClient(dtype="float32", checkpoint_root=tmp_path, numerics=pinned)
-    service = LocalServiceClient(dtype="auto", checkpoint_root=tmp_path, numerics=pinned)
+    service = LocalServiceClient(
+        dtype="auto", checkpoint_root=tmp_path, numerics=pinned, compile="off"
+    )
     trainer = service.create_lora_training_client("tiny-random", rank=4, seed=0)
     assert service.numerics is pinned  # a resumed auto run keeps its choice, unmeasured
     assert trainer.autocast_dtype == torch.bfloat16 and trainer.sampler_dtype == torch.float32

@@ -48,6 +48,15 @@ def test_auto_picks_by_the_measured_rule_and_says_why(facts, engine, why):
     assert choice.to_dict() == {"engine": engine, "requested": "auto", "reason": choice.reason}
 
 
+def test_under_torchrun_auto_keeps_vllm_on_a_gpu_and_ours_on_a_cpu(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _choose(flags="none", gpu=True).engine == "vllm"  # its core beside rank 0
+    choice = _choose()  # an AMX host: vLLM in one process, but not beside the ranks
+    assert choice.engine == "local" and "torchrun" in choice.reason
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _choose().engine == "vllm"
+
+
 def test_an_explicit_engine_is_kept_whatever_the_host():
     assert _choose("local").engine == "local"
     assert _choose("vllm", installed=False, flags="avx2", config=NARROW).engine == "vllm"

@@ -254,9 +254,6 @@ class Session:
         cfg = self.cfg = config.train
         self.config = config
         if config.sampler.engine == "vllm":
-            from retool.backends.local.distributed import refuse_in_process_vllm
-
-            refuse_in_process_vllm(config.sampler.url_list)  # under torchrun: servers only
             check_installed()  # before the run directory exists
         self.run = RunDirectory.open(
             run_dir or cfg.run_dir, config, resume, inputs=inputs, init_from=init_from

@@ -39,6 +39,7 @@ def test_two_rl_steps_sample_with_vllm(tmp_path, tiny_llama, sync, capsys):
         train={
             "steps": 2 + lag,
             "save_every": 1,
+            "learning_rate": 0.05,  # a step that moves the policy: a stale engine would show
             "eval_every": 2,
             "eval_n": 2,
             "eval_limit": 2,

@@ -324,20 +324,3 @@ def run_command(command: Callable[[], int], serve: Callable[[], int]) -> int:
         return status
     finally:
         close_group()
-
-
-def refuse_in_process_vllm(urls: Sequence[str]) -> None:
-    """Refuse ``sampler.engine = "vllm"`` without ``sampler.urls`` under torchrun, at start.
-
-    The in-process engine exports and reloads the trainer's own model
-    (``trainer.model``), which under torchrun is rank 0's shard, not the
-    weights. vLLM servers are fine: their LoRA adapters are saved by
-    ``save_weights_for_sampler`` from rank 0's gathered full copy.
-    """
-    me = world()
-    if me.distributed and not urls:
-        raise ConfigError(
-            f'sampler.engine = "vllm" runs vLLM in the trainer\'s process, which under '
-            f"torchrun ({me.size} ranks) holds only a shard of the model: serve vLLM apart "
-            "(sampler.urls) or train in one process"
-        )

@@ -46,8 +46,9 @@ any world size reshards it (:meth:`ShardedTrainingClient.apply_checkpoint`).
 Rank 0 keeps a full, unsharded copy of the model (its *shadow*): sampler
 snapshots and saved sampler weights come from it after each gather, so the
 snapshot pool and PEFT's ``save_pretrained`` work on plain tensors
-(``merge_adapter`` on DTensors fails, TRL#4550). The cost: one full model on
-rank 0 besides its shard.
+(``merge_adapter`` on DTensors fails, TRL#4550). A vLLM engine beside rank 0
+exports and reloads the same copy (:meth:`DriverTrainingClient.sampler_model`,
+a gather first). The cost: one full model on rank 0 besides its shard.
 
 **One driver.** Rank 0's client is a :class:`DriverTrainingClient`: each call
 is checked there first (so a mistake is one error on rank 0, no rank
@@ -72,6 +73,7 @@ from retool.backends.local.sampling import LocalSamplingClient
 from retool.backends.local.snapshots import SnapshotPool
 from retool.backends.local.threads import run_in_worker
 from retool.backends.local.training import LoadedState, LocalTrainingClient, LoraSpec
+from retool.errors import BackendError
 from retool.types import (
     AdamParams,
     Datum,
@@ -238,6 +240,13 @@ class ShardedTrainingClient(LocalTrainingClient):
         with torch.no_grad():
             for name, value in weights.items():
                 params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+    def sampler_model(self) -> PeftModel | PreTrainedModel:
+        """Rank 0's full copy as of its last :meth:`sync_shadow` (the driver's
+        :meth:`DriverTrainingClient.sampler_model` gathers first); never the shard."""
+        if self.shadow is None:
+            raise BackendError(f"rank {self.world.rank} holds a shard, not the full model")
+        return self.shadow
 
     def apply_checkpoint(self, loaded: LoadedState | None) -> None:  # type: ignore[override]
         """Rank 0's read checkpoint (None on the others) scattered to every rank's shards."""
@@ -417,6 +426,12 @@ class DriverTrainingClient:
     def save_weights_and_get_sampling_client(self, name: str | None = None) -> LocalSamplingClient:
         self._collective("sync_shadow")
         return self.local.save_weights_and_get_sampling_client(name)
+
+    def sampler_model(self) -> PeftModel | PreTrainedModel:
+        """Every rank gathers the weights into rank 0's full copy, which is returned
+        (the in-process vLLM engine exports and reloads it)."""
+        self._collective("sync_shadow")
+        return self.local.sampler_model()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.local.get_tokenizer()

@@ -424,5 +424,10 @@ class LocalTrainingClient:
             on_close=self.snapshots.release,
         )
 
+    def sampler_model(self) -> PeftModel | PreTrainedModel:
+        """The full model a sampler outside this client reads the policy from (a vLLM
+        engine exports and reloads it): the trained model itself in one process."""
+        return self.model
+
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

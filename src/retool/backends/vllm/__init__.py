@@ -54,6 +54,8 @@ __all__ = [
 
 def engine_options(config: RunConfig) -> EngineOptions:
     """A :class:`~retool.config.RunConfig`'s ``[sampler]`` settings as engine options."""
+    from retool.backends.local.distributed import world  # here: the local backend loads torch
+
     sampler = config.sampler
     return EngineOptions(
         dtype=sampler.dtype,
@@ -64,6 +66,9 @@ def engine_options(config: RunConfig) -> EngineOptions:
         threads_bind=sampler.threads_bind,
         max_num_seqs=config.rollout.max_in_flight_samples,
         seed=config.rollout.seed,
+        # under torchrun rank 0's torch.distributed holds the trainer's group: vLLM's
+        # worker must not see it (engine.py's module docstring)
+        own_process=world().distributed,
     )
 
 

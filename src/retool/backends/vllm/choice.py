@@ -8,12 +8,13 @@ docs/measurements.md ("Facts the code cites"):
 
 * vLLM samples beside the local backend only (a service samples itself);
 * ``sampler.urls`` given: vLLM (the user started those servers for this);
-* under torchrun (``WORLD_SIZE`` > 1) without them: ours (the in-process
-  engine is refused there: it would export one rank's shard);
 * not installed, or a model vLLM's CPU kernels refuse (heads under 32 wide,
   ``tiny-random``): ours;
 * a CUDA GPU: vLLM (its kernels and scheduler are built for it; ours decodes
-  with HF's forward);
+  with HF's forward), under torchrun too (the engine's core runs in a process
+  of its own beside rank 0 there);
+* under torchrun (``WORLD_SIZE`` > 1) on a CPU: ours. The engine's processes
+  would share the cores the ranks train on, which has not been measured;
 * a CPU with AMX-BF16: vLLM. 2026-12-01, a 2-core AMX-BF16 host, SmolLM2 on
   the rollout-shaped workload: vLLM 180 tok/s in float32 and 349 in bfloat16
   against our 151 in float32 (1.2x and 2.3x), and RL steps 1.7x faster
@@ -98,8 +99,6 @@ def choose_engine(
         return pick("local", f"model.backend = {backend!r} samples with its own service")
     if urls:
         return pick("vllm", "sampler.urls names vllm serve endpoints")
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # torchrun: a rank holds a shard
-        return pick("local", "under torchrun the in-process engine would load one rank's shard")
     if installed is None:
         installed = importlib.util.find_spec("vllm") is not None
     if not installed:
@@ -112,6 +111,8 @@ def choose_engine(
             return pick("local", f"vLLM on CPU refuses {width}-wide attention heads")
     if gpu:
         return pick("vllm", f"a CUDA GPU, {dtype}")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return pick("local", "torchrun on a CPU: vLLM beside the ranks not measured faster")
     present = set((flags if flags is not None else cpu_flags()).split())
     if "amx_bf16" in present:
         return pick(

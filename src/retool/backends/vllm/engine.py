@@ -14,6 +14,13 @@ worker live in this process, so the merged weights go to ``reload_weights``
 as tensors, not through a socket (measured on a 2-core host: a tiny model's
 reload 0.4 s in process, where the multiprocess engine refused the weight list
 its serializer had flattened), and no entry point needs a ``__main__`` guard.
+**Under torchrun** (:attr:`EngineOptions.own_process`) the core runs in a
+spawned process of its own instead: in rank 0's process ``torch.distributed``
+already holds the trainer's group, which vLLM's worker would take for its own
+(its world size is the job's, its groups need every rank). Spawned, not forked,
+so the child inherits no group; merged weights then travel as a file, written
+by :func:`~retool.backends.vllm.sync.export_model` and loaded by
+``reload_weights(weights_path=...)``.
 
 :class:`VllmPolicySampler` is what a run holds: the engine, started from the
 trainer's exported weights (:mod:`retool.backends.vllm.sync`), and the sync
@@ -110,6 +117,7 @@ class EngineOptions:
     threads_bind: str = "auto"  # CPU: VLLM_CPU_OMP_THREADS_BIND; auto = every core
     max_num_seqs: int = 64  # sequences decoded at once
     seed: int = 0  # engine seed (requests carry their own)
+    own_process: bool = False  # the engine's core in a spawned process (under torchrun)
 
 
 def chunked_prefill_safe() -> bool:
@@ -127,10 +135,13 @@ def chunked_prefill_safe() -> bool:
 
 
 def prepare_environment(options: EngineOptions) -> None:
-    """The process environment vLLM reads at start: no telemetry, in-process, CPU threads."""
+    """The process environment vLLM reads at start: no telemetry, where the core runs
+    (in this process, or a spawned one: see the module docstring), CPU threads."""
     os.environ["VLLM_NO_USAGE_STATS"] = "1"
     os.environ["DO_NOT_TRACK"] = "1"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.own_process else "0"
+    if options.own_process:  # a forked child would inherit the trainer's process group
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # vLLM finds "its" address with a UDP connect to a public resolver unless told:
     # nothing may contact an address off this machine (as the server mode does)
@@ -485,9 +496,11 @@ class VllmPolicySampler(StepSynced):
     ``sync = "merged"``: the engine starts from the merged weights and each
     new step's merged weights are reloaded in place; ``"lora"``: it starts
     from the base weights and each step's adapter is a new ``LoRARequest``.
+    The weights come from the trainer's ``sampler_model()``: its model in one
+    process, rank 0's full copy (gathered first) under torchrun.
     """
 
-    trainer: LocalTrainingClient  # its model is exported and synced in place
+    trainer: LocalTrainingClient  # its full model is exported and synced in place
 
     def __init__(
         self,
@@ -523,7 +536,10 @@ class VllmPolicySampler(StepSynced):
             self._work_root.mkdir(parents=True, exist_ok=True)
             self.work_dir = Path(tempfile.mkdtemp(dir=self._work_root, prefix="vllm-"))
             base = export_model(
-                trainer.model, self.tokenizer, self.work_dir / "model", merged=sync == "merged"
+                trainer.sampler_model(),
+                self.tokenizer,
+                self.work_dir / "model",
+                merged=sync == "merged",
             )
             self.engine: VllmEngine = VllmEngine(base, options)
             if sync == "merged":  # the exported weights are the trainer's now
@@ -551,13 +567,23 @@ class VllmPolicySampler(StepSynced):
             self.publish_lora(step)
 
     def push_merged(self, step: int) -> None:
-        """The trainer's merged weights into the engine in place, labelled ``policy-step-N``."""
+        """The trainer's merged weights into the engine in place, labelled ``policy-step-N``.
+
+        In process they go as tensors; to an engine in its own process as a file
+        (``merged/``, replaced at each sync), which its worker reads.
+        """
         version = policy_version(step)
-        model = self.trainer.model
+        model = self.trainer.sampler_model()
+        path: str | None = None  # in process: tensors, not a file
+        if self.engine.options.own_process and self.work_dir is not None:
+            path = str(export_model(model, self.tokenizer, self.work_dir / "merged", merged=True))
 
         def apply(llm: Any) -> None:
-            weights = iter_weights(model, merged=True)
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if path is not None:
+                llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            else:
+                weights = iter_weights(model, merged=True)
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             llm.llm_engine.reset_prefix_cache()  # cached keys/values belong to the old weights
             llm.llm_engine.set_weight_version(version)
 

@@ -1,0 +1,95 @@
+"""``sampler.engine = "vllm"`` without ``sampler.urls`` under torchrun: the engine beside rank 0.
+
+In rank 0's process ``torch.distributed`` holds the trainer's group, which an
+in-process vLLM worker would take for its own; so under torchrun the engine's
+core runs in a spawned process, started from rank 0's full copy of the model
+(gathered from the shards first) and synced from it after every step: merged
+weights as a file the engine reloads, adapters as today.
+
+What a careless implementation would get wrong, and what each run checks:
+the engine starting from one rank's shard, or keeping stale weights after a
+step (float32 engine and trainer: ``train/sampler_kl`` stays at rounding at
+every step a policy sampled, and every sample's policy version is checked by
+the rollout); vLLM joining the trainer's group (the run would hang at start or
+fail at the first collective); what the engine leaves behind. And the
+update is a one-process run's: the same weights after two steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.backends.vllm.conftest import write_tiny_llama
+from tests.builders import run_toml
+from tests.distributed.common import python, torchrun
+from tests.distributed.test_commands import files, weights
+
+
+def _config(tmp_path: Path, sync: str, lag: int) -> Path:
+    model = write_tiny_llama(tmp_path / "tiny-llama")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        run_toml(
+            model={"base_model": str(model), "lora_rank": 4, "dtype": "float32"},
+            rollout={"group_size": 4},
+            train={
+                "steps": 2 + lag,
+                # a first step that moves the policy: at 1e-3 a stale engine's samples
+                # were within rounding of the current policy's (sampler_kl 1e-7)
+                "learning_rate": 0.05,
+                # no checkpoint between the steps: its saved sampler weights would
+                # refresh rank 0's full copy, hiding an engine sync that does not
+                "save_every": 2 + lag,
+                "max_off_policy_steps": lag,
+                "rollout_correction": "none",  # the float32 mismatch is the engine's alone
+            },
+            sampler={"engine": "vllm", "sync": sync, "dtype": "float32"},
+        )
+    )
+    return config
+
+
+def _metrics(run: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # a vLLM engine beside two ranks, and the same run in one process
+def test_merged_sync_under_torchrun_samples_the_full_model_and_takes_one_process_steps(
+    tmp_path,
+):
+    config = _config(tmp_path, "merged", 0)
+    two, one = tmp_path / "two", tmp_path / "one"
+    args = ("train", "--config", str(config), "--no-progress")
+    ran = torchrun("-m", "retool", *args, "--run-dir", str(two), timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    metrics = _metrics(two)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["train/datums"] > 0 for m in metrics)
+    assert all(abs(m["train/sampler_kl"]) < 1e-4 for m in metrics), metrics
+    assert not list((two / "checkpoints").glob("vllm/*"))  # the exports are removed
+    alone = python("-m", "retool", *args, "--run-dir", str(one), timeout=600)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert files(two) == files(one)
+    a, b = weights(one, 2), weights(two, 2)
+    for name in a:
+        assert float((b[name] - a[name]).norm() / a[name].norm()) < 1e-5, name
+
+
+@pytest.mark.slow  # a vLLM engine beside two ranks
+def test_lora_sync_under_torchrun_with_a_lag_serves_each_step_its_policy(tmp_path):
+    config = _config(tmp_path, "lora", 1)
+    run = tmp_path / "run"
+    args = ("train", "--config", str(config), "--no-progress", "--run-dir", str(run))
+    ran = torchrun("-m", "retool", *args, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    metrics = _metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert abs(metrics[0]["train/sampler_kl"]) < 1e-4, metrics  # before any update: exact
+    leftovers = list((run / "checkpoints").glob("vllm/*")) + list(
+        (run / "checkpoints" / "sampler").glob("vllm_policy_step_*")
+    )
+    assert leftovers == []
