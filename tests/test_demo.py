@@ -123,9 +123,12 @@ def test_quick_settings_win_over_the_config_and_set():
 def test_demo_on_smollm2(tmp_path, capsys):
     # The real model through every phase (the GGUF weights, its chat template, SFT,
     # RL, evaluations), as small as it goes: one held-out split (the tiny-random demo
-    # above checks both tables) and one step of each; about 3 minutes on 2 cores.
+    # above checks both tables) and one step of each; about 1.5 minutes on 2 cores.
+    # float32 as every test: "auto" would measure bf16 on an AVX-512/AMX host and
+    # compile its trainer there (tens of seconds the demo's own run pays, not this test)
     small = _sets(
         [
+            "model.dtype=float32",
             'demo.paraphrase_dataset=""',
             "demo.eval_limit=3",
             "demo.eval_n=2",

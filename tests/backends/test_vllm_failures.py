@@ -124,6 +124,9 @@ class AdapterTrainer:
     def get_tokenizer(self):
         return SavingTokenizer()
 
+    def sampler_model(self):
+        return self.model
+
     def save_weights_for_sampler(self, name: str):
         path = self.checkpoint_root / "sampler" / name
         path.mkdir(parents=True)
