@@ -123,19 +123,19 @@ def test_quick_settings_win_over_the_config_and_set():
 def test_demo_on_smollm2(tmp_path, capsys):
     # The real model through every phase (the GGUF weights, its chat template, SFT,
     # RL, evaluations), as small as it goes: one held-out split (the tiny-random demo
-    # above checks both tables) and one step of each; about 1.5 minutes on 2 cores.
+    # above checks both tables) and one step of each; about a minute on 2 cores.
     # float32 as every test: "auto" would measure bf16 on an AVX-512/AMX host and
     # compile its trainer there (tens of seconds the demo's own run pays, not this test)
     small = _sets(
         [
             "model.dtype=float32",
             'demo.paraphrase_dataset=""',
-            "demo.eval_limit=3",
+            "demo.eval_limit=2",
             "demo.eval_n=2",
             "demo.sft_steps=1",
-            "demo.sft_batch=4",
+            "demo.sft_batch=2",
             "demo.rl_steps=1",
-            "rollout.max_assistant_tokens=48",
+            "rollout.max_assistant_tokens=32",
             "rollout.group_size=2",
             "train.questions_per_batch=2",
         ]
@@ -145,7 +145,7 @@ def test_demo_on_smollm2(tmp_path, capsys):
     assert code == 0, out + err
     results = out[out.index("held-out results") :]
     assert "demo:paraphrase" not in results
-    table = results[results.index("\ndemo:test: 3 problems x 2 samples") :].splitlines()
+    table = results[results.index("\ndemo:test: 2 problems x 2 samples") :].splitlines()
     assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
     (root,) = tmp_path.iterdir()
     assert (root / "report" / "report.html").is_file()

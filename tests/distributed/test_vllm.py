@@ -29,7 +29,7 @@ from tests.builders import run_toml
 from tests.distributed.common import torchrun
 
 
-def _config(tmp_path: Path, sync: str, lag: int) -> Path:
+def _config(tmp_path: Path, sync: str, lag: int = 0) -> Path:
     model = write_tiny_llama(tmp_path / "tiny-llama")
     config = tmp_path / "run.toml"
     config.write_text(
@@ -73,16 +73,18 @@ def test_merged_sync_under_torchrun_samples_the_full_model_at_every_step(tmp_pat
 
 
 @pytest.mark.slow  # a vLLM engine beside two ranks
-def test_lora_sync_under_torchrun_with_a_lag_serves_each_step_its_policy(tmp_path):
-    config = _config(tmp_path, "lora", 1)
+def test_lora_sync_under_torchrun_publishes_each_steps_adapter(tmp_path):
+    """Overlapped steps keep older adapters loaded: tests/backends/vllm/test_train.py."""
+    config = _config(tmp_path, "lora", 0)
     run = tmp_path / "run"
     args = ("train", "--config", str(config), "--no-progress", "--run-dir", str(run))
     ran = torchrun("-m", "retool", *args, timeout=600)
     assert ran.returncode == 0, ran.stderr[-3000:]
     metrics = _metrics(run)
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
-    assert abs(metrics[0]["train/sampler_kl"]) < 1e-4, metrics  # before any update: exact
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["train/datums"] > 0 for m in metrics)
+    # step 2 sampled with step 1's adapter, saved from rank 0's gathered copy
+    assert all(abs(m["train/sampler_kl"]) < 1e-4 for m in metrics), metrics
     leftovers = list((run / "checkpoints").glob("vllm/*")) + list(
         (run / "checkpoints" / "sampler").glob("vllm_policy_step_*")
     )
