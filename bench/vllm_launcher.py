@@ -1,7 +1,8 @@
 """A ``vllm serve`` process on this machine, for the tests and ``bench/``: not library code.
 
 A run never starts servers: it is given their URLs (``sampler.urls``), and
-users start ``vllm serve`` as their deployment does (README: the command).
+users start ``vllm serve`` as their deployment does (docs/guide/backends.md: the
+command).
 The real-server tests (``tests/backends/vllm/test_server.py``) and
 ``bench/sampler_engines.py`` need one process to manage, so it lives here,
 importable as ``bench.vllm_launcher`` from the repository root (pytest puts

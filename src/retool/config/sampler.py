@@ -33,7 +33,7 @@ class SamplerConfig:
 
     engine: str = "local"  # local | vllm | auto
     dtype: str = "float32"  # vllm: float32 | bfloat16 | float16 (float32 keeps logprobs to 1e-4)
-    sync: str = "merged"  # vllm: merged | lora (see the README's measurements)
+    sync: str = "merged"  # vllm: merged | lora (docs/measurements.md, "Facts the code cites")
     enforce_eager: bool = True  # vllm: no graph compilation (start-up ~17 s instead of ~67 s)
     max_model_len: int = 0  # vllm: longest prompt + completion; 0 = train.max_train_tokens
     kv_cache_gb: int = 1  # vllm on CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE), [1, 1024]

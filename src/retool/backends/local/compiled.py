@@ -6,7 +6,8 @@ RMSNorm's ``pow``/``mean``/``rsqrt``/``mul``, the MLP's ``silu(gate) * up``,
 the residual adds and the casts between the float32 residual stream and the
 bf16 products each read and write whole activations, forward and backward,
 and cost about as much as in float32 (a profile of one ``forward_backward``
-on an AMX host, README "bf16 training profile": about 2.2 of 5.5 s). Inductor
+on an AMX host, docs/measurements.md, "From the README: the local
+backend": about 2.2 of 5.5 s). Inductor
 fuses each module's chain into one loop over the activations and keeps the
 intermediates in float32 registers.
 
