@@ -425,3 +425,42 @@ def test_eval_rows_with_unicode_line_breaks_are_read_whole(crafted_run, tmp_path
     shutil.copy(path, run / "eval" / "step_000002.jsonl")
     page = write_report(run, output=tmp_path / "out").read_text(encoding="utf-8")
     assert "<tr><th scope=row>step 2" in page and "skipped step_000002.jsonl" not in page
+
+
+def _eval_file(path: Path, correct: list[bool]) -> Path:
+    """A complete-enough eval file: 2 problems x 2 samples, ``correct`` in row order."""
+    lines = [json.dumps({"settings": {"model": "m", "n": 2}})]
+    for index, ok in enumerate(correct):
+        row = {"problem_id": f"p{index // 2}", "sample_index": index % 2, "correct": ok}
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_the_learning_curve_is_the_runs_own_evaluations_by_step(crafted_run, tmp_path):
+    """step 0 (the starting policy) and step 2, out of order on disk, plus a damaged one:
+    the curve is drawn from the two it can read, the page says which it skipped."""
+    import shutil
+
+    from retool.report.plots import plot_learning_curve
+
+    run = tmp_path / "run"
+    shutil.copytree(crafted_run, run, ignore=shutil.ignore_patterns("report"))
+    page = write_report(run, output=tmp_path / "none").read_text(encoding="utf-8")
+    assert "id='plot-learning'" not in page and "train.eval_every" in page  # not recorded
+    (run / "eval").mkdir()
+    _eval_file(run / "eval" / "step_000002.jsonl", [True, True, True, False])
+    _eval_file(run / "eval" / "step_000000.jsonl", [False, False, True, False])
+    (run / "eval" / "step_000001.jsonl").write_text("not json\n", encoding="utf-8")
+    out = tmp_path / "out"
+    page = write_report(run, output=out).read_text(encoding="utf-8")
+    assert (out / "learning.png").stat().st_size > 0
+    assert "id='plot-learning'" in page and "skipped step_000001.jsonl" in page
+    assert page.index("id='plot-learning'") < page.index("id='plot-reward'")  # shown first
+    # what the curve draws: each readable step's Average@N, in step order
+    results = [(s, load_eval_file(run / "eval" / f"step_{s:06d}.jsonl")) for s in (2, 0)]
+    assert [r.average for _, r in sorted(results)] == [0.25, 0.75]
+    drawn = plot_learning_curve(results, [], tmp_path)
+    assert drawn.path == tmp_path / "learning.png" and drawn.missing == ()
+    empty = plot_learning_curve([], [], tmp_path / "nowhere")
+    assert empty.path is None and "train.eval_every" in empty.missing[0]

@@ -4,6 +4,9 @@
 and any ``retool eval`` result files, and writes into ``<run>/report/`` (or
 ``output``)::
 
+    learning.png                      the learning curve: the run's own held-out
+                                      evaluations (train.eval_every) by step, with CIs,
+                                      above the training batches' correct rate
     reward.png, tool_use.png, tokens.png, stop_reasons.png, sandbox.png,
     optimization.png, timing.png      each against step, when the run has the metrics
     eval.png                          Average@N, Pass@N, format rate with CIs per eval file
@@ -53,7 +56,7 @@ from retool.report.inputs import (
     unique_labels,
 )
 from retool.report.page import render_page
-from retool.report.plots import plot_evals, plot_metrics
+from retool.report.plots import plot_evals, plot_learning_curve, plot_metrics
 from retool.report.viewer import build_viewer
 
 if TYPE_CHECKING:
@@ -62,13 +65,16 @@ if TYPE_CHECKING:
 __all__ = ["EvalResult", "ReportError", "RunInputs", "load_eval_file", "load_run", "write_report"]
 
 
-def _run_evals(run: RunInputs, notes: list[str]) -> list[EvalResult]:
-    found = []
+def _run_evals(run: RunInputs, notes: list[str]) -> list[tuple[int | None, EvalResult]]:
+    """The run's own evaluations (``eval/step_*.jsonl``), each with its step (None: a
+    file whose name holds no step number)."""
+    found: list[tuple[int | None, EvalResult]] = []
     for path in sorted((run.path / "eval").glob("step_*.jsonl")):
         number = path.stem[len("step_") :]
-        label = f"step {int(number)}" if number.isdigit() else path.stem
+        step = int(number) if number.isdigit() else None
+        label = f"step {step}" if step is not None else path.stem
         try:
-            found.append(load_eval_file(path, label=label))
+            found.append((step, load_eval_file(path, label=label)))
         except ReportError as exc:
             notes.append(f"skipped {path.name} in the run's eval directory: {exc}")
     return found
@@ -98,10 +104,15 @@ def write_report(
         load_eval_file(path, label) for path, label in zip(paths, unique_labels(paths), strict=True)
     ]
     notes: list[str] = []
-    evals += _run_evals(run, notes)
+    own = _run_evals(run, notes)
+    evals += [result for _, result in own]
+    curve = [(step, result) for step, result in own if step is not None]
     viewer = build_viewer(run, tokenizer)
     with staged_output(target, flag="--output", names=["report.html"], error=ReportError) as out:
-        plots = plot_metrics(run.metrics, out.staging)
+        plots = [
+            plot_learning_curve(curve, run.metrics, out.staging),
+            *plot_metrics(run.metrics, out.staging),
+        ]
         # a plot this run cannot draw must not survive from an older report
         out.remove += [f"{plot.name}.png" for plot in plots if plot.path is None]
         eval_plot = plot_evals(evals, out.staging)

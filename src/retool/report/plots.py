@@ -1,4 +1,4 @@
-"""PNG plots of a run's metrics against step, and of eval results.
+"""PNG plots of a run's metrics against step, of eval results, and the learning curve.
 
 Design:
 
@@ -15,6 +15,11 @@ Design:
   still shows.
 * Stacked panels (stop-reason shares, step time by phase) take every key with
   the prefix, keep those that are non-zero somewhere, and stack them.
+* The learning curve (:func:`plot_learning_curve`) is the run's own held-out
+  evaluations (``train.eval_every``: ``eval/step_*.jsonl``, step 0 where a run has
+  one) as Average@N with its 95% interval per evaluated step, above the training
+  batches' correct rate on the same step axis: whether RL is learning is the
+  held-out curve, and the reward curve beside it tells learning from memorising.
 """
 
 from __future__ import annotations
@@ -293,3 +298,58 @@ def plot_evals(evals: Sequence[EvalResult], output: Path) -> Plot:
     path = output / "eval.png"
     figure.savefig(path)
     return Plot("eval", title, path)
+
+
+LEARNING_TITLE = "Learning curve: held-out Average@N per evaluated step, and the training reward"
+
+
+def plot_learning_curve(
+    points: Sequence[tuple[int, EvalResult]], metrics: Sequence[dict[str, Any]], output: Path
+) -> Plot:
+    """``learning.png``: Average@N with its 95% CI at each evaluated step (``points``:
+    the step an evaluation followed, and its result), above ``reward/correct`` by step."""
+    shown = sorted((step, e) for step, e in points if e.average is not None)
+    if not shown:
+        return Plot("learning", LEARNING_TITLE, None, ("eval/step_*.jsonl: train.eval_every",))
+    train = _present(metrics, "reward/correct")
+    figure, axes = _new_figure(2 if train else 1, LEARNING_TITLE)
+    ax = axes[0]
+    steps = [float(step) for step, _ in shown]
+    values = [float(e.average or 0.0) for _, e in shown]
+    below, above = [], []  # the 95% interval's distance from the point (0: none recorded)
+    for value, (_, result) in zip(values, shown, strict=True):
+        low, high = result.average_ci or (value, value)
+        below.append(max(value - low, 0.0))
+        above.append(max(high - value, 0.0))
+    ax.errorbar(
+        steps,
+        values,
+        yerr=[below, above],
+        marker="o",
+        markersize=4,
+        linewidth=1.5,
+        capsize=3,
+        label="Average@N (95% CI)",
+    )
+    for step, value in zip(steps, values, strict=True):
+        ax.annotate(f"{value:.2f}", (step, value), textcoords="offset points", xytext=(4, 4))
+    ax.set_title("held-out evaluations (train.eval_every)", fontsize=10, loc="left")
+    ax.set_ylabel("fraction correct")
+    axis_steps = list(steps)
+    if train:
+        metric_steps = [_number(m.get("step")) for m in metrics]
+        correct = [_number(m.get("reward/correct")) for m in metrics]
+        axes[1].plot(metric_steps, correct, marker="o", markersize=3, linewidth=1.5,
+                     label="correct (training batch)")  # fmt: skip
+        axes[1].set_title("training batches, mean over the batch", fontsize=10, loc="left")
+        axes[1].set_ylabel("fraction correct")
+        axis_steps += metric_steps
+    for panel in axes:
+        panel.set_ylim(-0.02, 1.02)
+        panel.grid(True, alpha=0.3)
+        panel.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    axes[-1].set_xlabel("step")
+    _step_axis(axes[-1], axis_steps)
+    path = output / "learning.png"
+    figure.savefig(path)
+    return Plot("learning", LEARNING_TITLE, path)
