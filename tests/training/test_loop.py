@@ -85,6 +85,30 @@ def test_each_step_takes_one_optimizer_step_and_changes_the_weights(tmp_path):
     )
 
 
+def test_eval_at_start_evaluates_the_starting_policy_as_step_0_first(tmp_path):
+    """The learning curve's first point: the weights before any step, evaluated before
+    step 1 samples, as the later evaluations are (same problems, seeds, samples)."""
+    from retool.errors import ConfigError
+    from retool.evaluation import load_results
+
+    with pytest.raises(ConfigError, match="train.eval_at_start .* set train.eval_every"):
+        load_config(write_config(tmp_path), ["train.eval_at_start=true"])
+    sets = ["train.eval_every=2", "train.eval_n=2", "train.eval_limit=2"]
+    config = load_config(write_config(tmp_path), [*sets, "train.eval_at_start=true"])
+    run = train(config, run_dir=str(tmp_path / "run"), progress=False)
+    assert sorted(p.name for p in run.eval_dir.iterdir()) == [
+        "step_000000.jsonl",
+        "step_000002.jsonl",
+    ]
+    start, end = load_results(run.eval_path(0)), load_results(run.eval_path(2))
+    assert start.summary is not None and start.settings["model"].endswith("@0")
+    assert [(r["problem_id"], r["sample_index"]) for r in start.rows] == [
+        (r["problem_id"], r["sample_index"]) for r in end.rows
+    ]
+    log = run.log_path.read_text()
+    assert log.index("eval after step 0") < log.index("step 1")  # before any training
+
+
 def test_a_step_where_every_group_scores_alike_skips_the_update(tmp_path):
     # The boxed-answer reward: a random model is always wrong, every advantage is 0.
     config = load_config(write_config(tmp_path), ["train.steps=1", 'reward.function=""'])

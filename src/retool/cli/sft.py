@@ -61,7 +61,7 @@ UNUSED = {
     **{f"train.{k}": _RL_ONLY for k in ("old_logprobs", "rollout_correction_cap")},
     "train.rollout_correction": _RL_ONLY,
     **{f"train.{key}": _RL_ONLY for key in ("eval_every", "eval_dataset", "eval_n")},
-    "train.eval_limit": _RL_ONLY,
+    **{f"train.{key}": _RL_ONLY for key in ("eval_limit", "eval_at_start")},
     **{
         f"rollout.{key}": "SFT samples nothing; only rollout.protocol (the dialect) and "
         "rollout.max_trajectory_tokens (<= train.max_train_tokens) are read"

@@ -40,6 +40,9 @@ class TrainConfig:
     eval_dataset: str = ""  # problems for those evaluations; "" = data.dev
     eval_n: int = 4  # samples per problem in those evaluations, in [1, 1024]
     eval_limit: int = 0  # first this many problems, in [0, 10**7]; 0 = all
+    # also evaluate the starting policy (base or --init-from weights) as step 0, before
+    # the first step: the learning curve's first point (needs eval_every)
+    eval_at_start: bool = False
     seed: int = 0  # LoRA initialisation, in [0, 2**32 - 1]
     run_dir: str = "runs/default"  # metrics, checkpoints, samples
     # Sampler/trainer numerics (retool.training.numerics): where pi_old comes from, and the
@@ -113,5 +116,10 @@ class TrainConfig:
                 "must fit one micro-batch"
             )
         check_path_text("train.eval_dataset", self.eval_dataset, empty=True)
+        if self.eval_at_start and not self.eval_every:
+            raise ConfigError(
+                "train.eval_at_start evaluates step 0 of train.eval_every's evaluations: "
+                "set train.eval_every too"
+            )
         check_path_text("train.run_dir", self.run_dir)
         expand_home(self, "eval_dataset", "run_dir")

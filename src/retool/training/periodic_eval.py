@@ -3,10 +3,13 @@
 Runs after the step is committed (an evaluation is not part of the step's
 record), writes ``eval/step_NNNNNN.jsonl`` (resumable: a kill mid-evaluation
 is finished on ``--resume``) and sends ``eval/*`` to the tracker and
-``log.txt``. The sampling seeds are fixed (``seed_step=0``), so every
-evaluation of a run samples the same way and differences between steps are
-the policy's. It samples with the run's sampler (``session.sampler()``: ours,
-or the vLLM engine synced to the step, whose header then records
+``log.txt``. With ``train.eval_at_start`` the starting policy is evaluated
+too, as step 0 (``eval/step_000000.jsonl``), before the first step: the
+learning curve's first point (``retool report``'s ``learning.png``). The
+sampling seeds are fixed (``seed_step=0``), so every evaluation of a run
+samples the same way and differences between steps are the policy's. It
+samples with the run's sampler (``session.sampler()``: ours, or the vLLM
+engine synced to the step, whose header then records
 ``sampler``, as ``retool eval``'s does) and the run's own ``[rollout]`` settings
 (temperature, top_p, budgets); a standalone ``retool eval`` defaults to
 top_p 0.7, so pass the same settings to compare the two.
@@ -43,10 +46,13 @@ class PeriodicEval:
         self.config, self.session, self.sandbox = config, session, sandbox
         self.scorer, self.checker = scorer, checker
         self.every = cfg.eval_every
+        self.at_start = cfg.eval_at_start
         self.dataset = cfg.eval_dataset or config.data.dev
         self.examples = examples
 
     def due(self, step: int) -> bool:
+        if step == 0:  # the starting policy, before any step: train.eval_at_start
+            return bool(self.every) and self.at_start
         return bool(self.every) and step > 0 and step % self.every == 0
 
     def pending(self, step: int) -> bool:
