@@ -213,6 +213,41 @@ def _step_axis(ax: Any, steps: Sequence[float]) -> None:
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
+def _finish_axes(ax: Any, title: str, ylabel: str, percent: bool) -> None:
+    """Every panel's title, label, grid and legend (right of the axes); 0..1 for fractions."""
+    if percent:
+        ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+
+
+def _draw_panel(
+    ax: Any,
+    panel: Panel,
+    series: Sequence[tuple[str, str]],
+    metrics: Sequence[dict[str, Any]],
+    steps: Sequence[float],
+) -> None:
+    """``series`` (from :func:`_panel_series`) against ``steps``: lines, or a stack."""
+    values = [[_number(m.get(k)) for m in metrics] for k, _ in series]
+    if panel.prefix is not None:
+        stacked = [[0.0 if math.isnan(v) else v for v in row] for row in values]
+        labels = [label for _, label in series]
+        if len(steps) > 1:
+            ax.stackplot(steps, stacked, labels=labels, alpha=0.85)
+        else:  # an area needs two steps; one step is a stacked bar
+            bottom = 0.0
+            for label, row in zip(labels, stacked, strict=True):
+                ax.bar(steps, row, bottom=bottom, width=0.6, label=label, alpha=0.85)
+                bottom += row[0]
+    else:
+        for (_, label), row in zip(series, values, strict=True):
+            ax.plot(steps, row, marker="o", markersize=3, linewidth=1.5, label=label)
+    _finish_axes(ax, panel.title, panel.ylabel, panel.percent)
+
+
 def plot_metrics(metrics: Sequence[dict[str, Any]], output: Path) -> list[Plot]:
     """Write one PNG per :data:`PLOTS` entry that has data; returns all, written or not."""
     steps = [_number(m.get("step")) for m in metrics]
@@ -230,26 +265,7 @@ def plot_metrics(metrics: Sequence[dict[str, Any]], output: Path) -> list[Plot]:
             continue
         figure, axes = _new_figure(len(panels), spec.title)
         for ax, (panel, series) in zip(axes, panels, strict=True):
-            values = [[_number(m.get(k)) for m in metrics] for k, _ in series]
-            if panel.prefix is not None:
-                stacked = [[0.0 if math.isnan(v) else v for v in row] for row in values]
-                labels = [label for _, label in series]
-                if len(steps) > 1:
-                    ax.stackplot(steps, stacked, labels=labels, alpha=0.85)
-                else:  # an area needs two steps; one step is a stacked bar
-                    bottom = 0.0
-                    for label, row in zip(labels, stacked, strict=True):
-                        ax.bar(steps, row, bottom=bottom, width=0.6, label=label, alpha=0.85)
-                        bottom += row[0]
-            else:
-                for (_, label), row in zip(series, values, strict=True):
-                    ax.plot(steps, row, marker="o", markersize=3, linewidth=1.5, label=label)
-            if panel.percent:
-                ax.set_ylim(-0.02, 1.02)
-            ax.set_title(panel.title, fontsize=10, loc="left")
-            ax.set_ylabel(panel.ylabel)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+            _draw_panel(ax, panel, series, metrics, steps)
         axes[-1].set_xlabel("step")
         _step_axis(axes[-1], steps)
         path = output / f"{spec.name}.png"
@@ -301,6 +317,12 @@ def plot_evals(evals: Sequence[EvalResult], output: Path) -> Plot:
 
 
 LEARNING_TITLE = "Learning curve: held-out Average@N per evaluated step, and the training reward"
+TRAINING_CORRECT = Panel(
+    "training batches, mean over the batch",
+    (("reward/correct", "correct (training batch)"),),
+    ylabel="fraction correct",
+    percent=True,
+)
 
 
 def plot_learning_curve(
@@ -311,7 +333,7 @@ def plot_learning_curve(
     shown = sorted((step, e) for step, e in points if e.average is not None)
     if not shown:
         return Plot("learning", LEARNING_TITLE, None, ("eval/step_*.jsonl: train.eval_every",))
-    train = _present(metrics, "reward/correct")
+    train, _ = _panel_series(TRAINING_CORRECT, metrics)
     figure, axes = _new_figure(2 if train else 1, LEARNING_TITLE)
     ax = axes[0]
     steps = [float(step) for step, _ in shown]
@@ -333,21 +355,12 @@ def plot_learning_curve(
     )
     for step, value in zip(steps, values, strict=True):
         ax.annotate(f"{value:.2f}", (step, value), textcoords="offset points", xytext=(4, 4))
-    ax.set_title("held-out evaluations (train.eval_every)", fontsize=10, loc="left")
-    ax.set_ylabel("fraction correct")
+    _finish_axes(ax, "held-out evaluations (train.eval_every)", "fraction correct", True)
     axis_steps = list(steps)
     if train:
         metric_steps = [_number(m.get("step")) for m in metrics]
-        correct = [_number(m.get("reward/correct")) for m in metrics]
-        axes[1].plot(metric_steps, correct, marker="o", markersize=3, linewidth=1.5,
-                     label="correct (training batch)")  # fmt: skip
-        axes[1].set_title("training batches, mean over the batch", fontsize=10, loc="left")
-        axes[1].set_ylabel("fraction correct")
+        _draw_panel(axes[1], TRAINING_CORRECT, train, metrics, metric_steps)
         axis_steps += metric_steps
-    for panel in axes:
-        panel.set_ylim(-0.02, 1.02)
-        panel.grid(True, alpha=0.3)
-        panel.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     axes[-1].set_xlabel("step")
     _step_axis(axes[-1], axis_steps)
     path = output / "learning.png"
