@@ -29,7 +29,7 @@ from tests.builders import run_toml
 from tests.distributed.common import torchrun
 
 
-def _config(tmp_path: Path, sync: str, lag: int = 0) -> Path:
+def _config(tmp_path: Path, sync: str) -> Path:
     model = write_tiny_llama(tmp_path / "tiny-llama")
     config = tmp_path / "run.toml"
     config.write_text(
@@ -37,14 +37,13 @@ def _config(tmp_path: Path, sync: str, lag: int = 0) -> Path:
             model={"base_model": str(model), "lora_rank": 4, "dtype": "float32"},
             rollout={"group_size": 4},
             train={
-                "steps": 2 + lag,
+                "steps": 2,
                 # a first step that moves the policy: at 1e-3 a stale engine's samples
                 # were within rounding of the current policy's (sampler_kl 1e-7)
                 "learning_rate": 0.05,
                 # no checkpoint between the steps: its saved sampler weights would
                 # refresh rank 0's full copy, hiding an engine sync that does not
-                "save_every": 2 + lag,
-                "max_off_policy_steps": lag,
+                "save_every": 2,
                 "rollout_correction": "none",  # the float32 mismatch is the engine's alone
             },
             sampler={"engine": "vllm", "sync": sync, "dtype": "float32"},
@@ -59,7 +58,7 @@ def _metrics(run: Path) -> list[dict[str, float]]:
 
 @pytest.mark.slow  # a vLLM engine beside two ranks
 def test_merged_sync_under_torchrun_samples_the_full_model_at_every_step(tmp_path):
-    config = _config(tmp_path, "merged", 0)
+    config = _config(tmp_path, "merged")
     two = tmp_path / "two"
     args = ("train", "--config", str(config), "--no-progress")
     ran = torchrun("-m", "retool", *args, "--run-dir", str(two), timeout=600)
@@ -75,7 +74,7 @@ def test_merged_sync_under_torchrun_samples_the_full_model_at_every_step(tmp_pat
 @pytest.mark.slow  # a vLLM engine beside two ranks
 def test_lora_sync_under_torchrun_publishes_each_steps_adapter(tmp_path):
     """Overlapped steps keep older adapters loaded: tests/backends/vllm/test_train.py."""
-    config = _config(tmp_path, "lora", 0)
+    config = _config(tmp_path, "lora")
     run = tmp_path / "run"
     args = ("train", "--config", str(config), "--no-progress", "--run-dir", str(run))
     ran = torchrun("-m", "retool", *args, timeout=600)
