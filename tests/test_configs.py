@@ -66,6 +66,7 @@ def test_one_gpu_shares_it_with_the_in_process_engine():
 HERE = Path(__file__).resolve().parents[1] / "configs"
 EVERY_PLACE = {
     "demo.toml",  # this CPU
+    "demo-long.toml",  # this CPU, the long run
     "gpu-1.toml",  # one GPU
     "gpu-node-8.toml",  # a node of 8 GPUs
     "tinker.toml",  # Tinker

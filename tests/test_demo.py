@@ -151,3 +151,31 @@ def test_demo_on_smollm2(tmp_path, capsys):
     assert (root / "report" / "report.html").is_file()
     rl = [json.loads(line) for line in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rl] == [1] and rl[0]["rollout/trajectories"] == 4
+
+
+def test_the_long_runs_shape_skips_the_base_model_and_draws_a_learning_curve(tmp_path, capsys):
+    """configs/demo-long.toml's switches: no base evaluation, and the RL phase evaluates
+    data.dev at step 0 (the SFT checkpoint) and every train.eval_every steps."""
+    settings = [
+        *TINY,
+        "demo.evaluate_base=false",
+        'demo.paraphrase_dataset=""',
+        "demo.rl_steps=2",
+        "train.eval_every=2",
+        "train.eval_at_start=true",
+        "train.eval_n=1",
+        "train.eval_limit=2",
+    ]
+    code = main(["demo", "--output", str(tmp_path), "--no-progress", *_sets(settings)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "base model" not in out and "--model tiny-random" not in out
+    assert "2 RL steps x 2 questions x 2 samples, ppo loss, 2 evaluations on demo:dev" in out
+    (root,) = tmp_path.iterdir()
+    assert sorted(p.name for p in (root / "eval").glob("*.jsonl")) == ["rl.jsonl", "sft.jsonl"]
+    curve = sorted(p.name for p in (root / "rl" / "eval").glob("*.jsonl"))
+    assert curve == ["step_000000.jsonl", "step_000002.jsonl"], curve
+    results = out[out.index("held-out results") :]
+    table = results[results.index("\ndemo:test: 2 problems x 2 samples") :].splitlines()
+    assert [line.split()[0] for line in table[4:6]] == ["SFT", "RL"]
+    assert "paired comparison on demo:test, RL against SFT" in out

@@ -1,3 +1,4 @@
+import hashlib
 import random
 import re
 import string
@@ -58,7 +59,7 @@ def test_splits_are_fixed_sizes_disjoint_and_deterministic():
         "train": 240,
         "dev": 40,
         "test": 40,
-        "paraphrase": 40,
+        "paraphrase": 120,
     }
     questions = [{p.question for p in ps} for ps in splits.values()]
     assert sum(map(len, questions)) == sum(SPLIT_SIZES.values())  # no question twice
@@ -76,6 +77,20 @@ def test_the_dataset_is_a_pure_function_of_its_seed():
     assert [p.question for p in other["test"]] != [p.question for p in bundled["test"]]
     # the train split does not depend on how many problems the later splits draw
     assert other["train"] == generate_splits(DEMO_SEED + 1)["train"]
+
+
+def test_growing_the_paraphrase_split_kept_its_first_40_problems():
+    """paraphrase grew from 40 to 120 problems: every demo table before that measured its
+    first 40 (the 20-minute demo its first 28), which must still be the same problems."""
+    before = generate_splits(DEMO_SEED, {**SPLIT_SIZES, "paraphrase": 40})
+    now = {name: demo_problems(name) for name in SPLIT_SIZES}
+    assert now["paraphrase"][:40] == before["paraphrase"]
+    assert all(now[name] == before[name] for name in ("train", "dev", "test"))
+    # pinned: the 40 problems as the tables measured them (the hash taken before it grew)
+    first = [(p.question, p.answer) for p in now["paraphrase"][:40]]
+    assert hashlib.sha256(repr(first).encode()).hexdigest()[:16] == "56a964b22b3c36d6"
+    assert len({p.question for p in now["paraphrase"]}) == 120
+    assert {p.family for p in now["paraphrase"][40:]} == {f.name for f in FAMILIES}
 
 
 def test_every_family_has_many_phrasings_and_variants_with_a_held_out_share():

@@ -229,7 +229,9 @@ _ABOUT = {
 }
 
 
-def _plan(config: RunConfig, problems: dict[str, int]) -> list[Phase]:
+def _plan(config: RunConfig, problems: dict[str, int], curve_problems: int = 0) -> list[Phase]:
+    """The phases and their first estimates; ``curve_problems`` is the size of the RL
+    phase's own evaluations (``train.eval_every``), 0 when it runs none."""
     demo, rollout, train = config.demo, config.rollout, config.train
     evaluation = " and ".join(f"{n} problems of {spec}" for spec, n in problems.items())
     evaluation += f" x {demo.eval_n} samples"
@@ -237,10 +239,11 @@ def _plan(config: RunConfig, problems: dict[str, int]) -> list[Phase]:
         PHASE_START_S + max(EVAL_FLOOR_S, n * demo.eval_n * EVAL_SAMPLE_S)
         for n in problems.values()
     )
-    phases = [
-        Phase("self-check", "reference solutions through prompt, parse, sandbox, reward", 5),
-        Phase("base model", f"evaluate {config.model.base_model}: {evaluation}", eval_s),
-    ]
+    phases = [Phase("self-check", "reference solutions through prompt, parse, sandbox, reward", 5)]
+    if demo.evaluate_base:
+        phases.append(
+            Phase("base model", f"evaluate {config.model.base_model}: {evaluation}", eval_s)
+        )
     if demo.sft_steps:
         phases += [
             Phase(
@@ -253,14 +256,19 @@ def _plan(config: RunConfig, problems: dict[str, int]) -> list[Phase]:
         ]
     if demo.rl_steps:
         per_step = train.questions_per_batch * rollout.group_size
+        what = (
+            f"{demo.rl_steps} RL step{'s' * (demo.rl_steps != 1)} x "
+            f"{train.questions_per_batch} questions x "
+            f"{rollout.group_size} samples, {train.loss} loss"
+        )
+        rl_s = PHASE_START_S + demo.rl_steps * per_step * RL_TRAJECTORY_S
+        if train.eval_every and curve_problems:
+            # the learning curve: train.eval_every's evaluations (and step 0's)
+            count = demo.rl_steps // train.eval_every + int(train.eval_at_start)
+            rl_s += count * max(EVAL_FLOOR_S, curve_problems * train.eval_n * EVAL_SAMPLE_S)
+            what += f", {count} evaluations on {train.eval_dataset or config.data.dev}"
         phases += [
-            Phase(
-                "RL",
-                f"{demo.rl_steps} RL step{'s' * (demo.rl_steps != 1)} x "
-                f"{train.questions_per_batch} questions x "
-                f"{rollout.group_size} samples, {train.loss} loss",
-                PHASE_START_S + demo.rl_steps * per_step * RL_TRAJECTORY_S,
-            ),
+            Phase("RL", what, rl_s),
             Phase("RL model", f"evaluate the RL checkpoint: {evaluation}", eval_s),
         ]
     phases.append(Phase("results", "table, paired comparison, report", 10))
@@ -293,13 +301,17 @@ def run(args: argparse.Namespace) -> int:
         spec: len(load_eval_examples(spec, limit=demo.eval_limit or None))
         for _, spec in _held_out(config)
     }
-    phases = _plan(config, problems)
+    curve = 0
+    if config.train.eval_every:
+        spec = config.train.eval_dataset or config.data.dev
+        curve = len(load_eval_examples(spec, limit=config.train.eval_limit or None))
+    phases = _plan(config, problems, curve)
     if args.check_only:
         phases = phases[:1]
     print(
         "retool demo: the ReTool method on this machine. A small model that rarely calls "
         "the code interpreter is taught to (cold-start SFT), then improved by RL on its own "
-        "sampled tool calls; all three policies are evaluated on the same held-out problems."
+        "sampled tool calls; every policy is evaluated on the same held-out problems."
     )
     for i, phase in enumerate(phases, 1):
         print(f"  {i}. {phase.name:<11} {phase.what}")
@@ -396,7 +408,8 @@ def _pipeline(args: argparse.Namespace, config: RunConfig, root: Path, clock: Cl
         clock.end(index, time.monotonic() - started)
         index += 1
 
-    phase(lambda: evaluate("base", config.model.base_model))
+    if demo.evaluate_base:
+        phase(lambda: evaluate("base", config.model.base_model))
     policy = None
     if demo.sft_steps:
         demos = root / "demonstrations.jsonl"

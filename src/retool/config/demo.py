@@ -24,6 +24,9 @@ class DemoConfig:
     sft_batch: int = 4  # demonstrations per SFT step (40 x 4 beat 20 x 8 and 10 x 16 on demo:dev)
     sft_learning_rate: float = 1e-3  # AdamW learning rate of the cold start
     rl_steps: int = 6  # RL steps from the SFT checkpoint (train.* holds their settings)
+    # evaluate the base model too; false skips that phase (the long run: the bundled base
+    # model scored 0.0% on both held-out splits in every demo run)
+    evaluate_base: bool = True
     eval_dataset: str = "demo:test"  # held-out problems for base / SFT / RL
     # held-out phrasings, evaluated like eval_dataset; "" = none
     paraphrase_dataset: str = "demo:paraphrase"
