@@ -38,17 +38,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-import numpy as np
-
 from retool.checks import check_number
 from retool.errors import ConfigError
 
-if TYPE_CHECKING:  # torch for TensorData.to_torch; the sandbox's values, for Sandbox only
+if TYPE_CHECKING:  # numpy and torch for TensorData's conversions (imported where used:
+    # every command imports this contract, few convert an array, and numpy alone was a
+    # third of a command's start); the sandbox's values, for Sandbox only
+    import numpy as np
     import torch
 
     from retool.sandbox.result import ExecResult
@@ -87,7 +89,7 @@ class ModelInput:
         return ModelInput(self.tokens + tuple(int(t) for t in tokens))
 
 
-_DTYPES = {"float32": np.float32, "int64": np.int64}
+_DTYPES = ("float32", "int64")  # numpy's names
 
 
 @dataclass(frozen=True)
@@ -103,13 +105,15 @@ class TensorData:
             raise ConfigError(
                 f"TensorData.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"
             )
-        if int(np.prod(self.shape, dtype=np.int64)) != len(self.data):
+        if math.prod(self.shape) != len(self.data):
             raise ConfigError(
                 f"TensorData.shape {self.shape} does not match {len(self.data)} values"
             )
 
     @classmethod
     def from_numpy(cls, array: np.ndarray) -> TensorData:
+        import numpy as np
+
         array = np.asarray(array)
         if np.issubdtype(array.dtype, np.integer):
             dtype = "int64"
@@ -123,10 +127,16 @@ class TensorData:
     def from_list(
         cls, values: Sequence[float] | Sequence[int], dtype: str = "float32"
     ) -> TensorData:
-        return cls.from_numpy(np.asarray(values, dtype=_DTYPES[dtype]))
+        import numpy as np
+
+        if dtype not in _DTYPES:
+            raise ConfigError(f"TensorData.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        return cls.from_numpy(np.asarray(values, dtype=dtype))
 
     def to_numpy(self) -> np.ndarray:
-        return np.asarray(self.data, dtype=_DTYPES[self.dtype]).reshape(self.shape)
+        import numpy as np
+
+        return np.asarray(self.data, dtype=self.dtype).reshape(self.shape)
 
     def tolist(self) -> list[Any]:
         return self.to_numpy().tolist()

@@ -25,6 +25,28 @@ def test_help_lists_subcommands():
     assert "--dev-size" in _retool("prepare-data", "dapo-math", "--help").stdout
 
 
+def test_each_command_imports_only_its_own_module_and_the_table_names_every_command():
+    from retool.cli import COMMANDS, build_parser
+
+    every = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert list(every) == list(COMMANDS)  # the table and what the modules register agree
+    for name in COMMANDS:
+        for argv in ([name, "--help"], ["-v", name], ["--verbose", name, "x"]):
+            only = build_parser(argv)._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+            assert list(only) == [name], argv
+    for argv in ([], ["--help"], ["nosuch", "train"], ["--", "train"]):
+        assert list(build_parser(argv)._subparsers._group_actions[0].choices) == list(COMMANDS)
+    # in a fresh process, `retool report --help` never imports the sampling commands' stack
+    code = (
+        "import sys; from retool.cli import main\n"
+        "try:\n    main(['report', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m in ('retool.cli.eval', 'retool.cli.train', "
+        "'retool.cli.demo', 'torch')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
 def test_malformed_parquet_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "raw.parquet"
     pq.write_table(

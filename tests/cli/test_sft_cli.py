@@ -10,24 +10,11 @@ from pathlib import Path
 import pytest
 
 import retool.cli
-from retool.cli import sft
 from retool.training.sft_data import load_conversations
-
-# Until ``sft`` is listed in retool.cli.COMMANDS, run the real ``main`` with it added.
-_SHIM = (
-    "import sys, retool.cli as c, retool.cli.sft as s\n"
-    "if s not in c.COMMANDS:\n"
-    "    c.COMMANDS = (*c.COMMANDS, s)\n"
-    "sys.exit(c.main(sys.argv[1:]))\n"
-)
 
 
 def _retool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    entry = Path(sys.executable).parent / "retool"
-    if sft in retool.cli.COMMANDS and entry.exists():
-        command = [str(entry), *args]
-    else:
-        command = [sys.executable, "-c", _SHIM, *args]
+    command = [sys.executable, "-m", "retool", *args]
     return subprocess.run(
         command, capture_output=True, text=True, timeout=120, check=False, cwd=cwd
     )
@@ -145,9 +132,8 @@ def test_training_form_calls_run_sft(tmp_path, monkeypatch, capsys):
         calls.append((config, data_path, kwargs))
         return FakeRun()
 
-    monkeypatch.setattr(sft, "run_sft", run_sft)
-    if sft not in retool.cli.COMMANDS:
-        monkeypatch.setattr(retool.cli, "COMMANDS", (*retool.cli.COMMANDS, sft))
+    # the command imports run_sft from its module when it runs (after checking its input)
+    monkeypatch.setattr("retool.training.sft.run_sft", run_sft)
     data = tmp_path / "demos.jsonl"
     conversation = {
         "id": "c1",

@@ -44,21 +44,13 @@ TINY = (
     "--set",
     "rollout.max_assistant_turns=3",
 )
-RUN_CLI = (
-    "import sys, retool.cli as c\n"
-    "from retool.cli import eval as e\n"
-    "c.COMMANDS = c.COMMANDS if e in c.COMMANDS else (*c.COMMANDS, e)\n"
-    "sys.exit(c.main(sys.argv[1:]))\n"
-)
+RUN_CLI = "import sys, retool.cli as c\nsys.exit(c.main(sys.argv[1:]))\n"
 
 
 def retool_eval(*args: str) -> int:
-    """``retool eval ...`` in this process (registered here until the CLI lists it)."""
+    """``retool eval ...`` in this process."""
     import retool.cli as cli
-    from retool.cli import eval as eval_cli
 
-    if eval_cli not in cli.COMMANDS:
-        cli.COMMANDS = (*cli.COMMANDS, eval_cli)
     return cli.main(["eval", *args])
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retool.backends.pytrio import PytrioServiceClient
-from retool.backends.tinker import TinkerServiceClient
 from retool.errors import ConfigError
 from retool.types import SamplingClient, ServiceClient
 
@@ -57,9 +55,14 @@ def service_client(
             checkpoint_root=checkpoint_root,
             **local_options,
         )
+    # the adapters import numpy and their SDKs' shapes: only for the backend in use
     if model.backend == "pytrio":
+        from retool.backends.pytrio import PytrioServiceClient
+
         return PytrioServiceClient(model, checkpoint_root=checkpoint_root)
     if model.backend == "tinker":
+        from retool.backends.tinker import TinkerServiceClient
+
         return TinkerServiceClient(model, checkpoint_root=checkpoint_root)
     raise ConfigError(f"model.backend must be local, pytrio or tinker; got {model.backend!r}")
 

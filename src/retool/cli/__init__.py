@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -28,21 +29,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from retool import __version__
-from retool.cli import (
-    demo,
-    doctor,
-    guards,
-    preflight,
-    prepare_data,
-    quiet,
-    report,
-    rollout,
-    sandbox,
-    sft,
-    streams,
-    train,
-)
-from retool.cli import eval as eval_command
+from retool.cli import guards, quiet, streams
 from retool.cli.common import Parser
 from retool.errors import RetoolError
 from retool.interrupts import (
@@ -54,21 +41,37 @@ from retool.interrupts import (
     stop_on_signals,
 )
 
-COMMANDS = (
-    prepare_data,
-    sandbox,
-    rollout,
-    preflight,
-    train,
-    sft,
-    eval_command,
-    report,
-    demo,
-    doctor,
-)
+# Each command's module (retool.cli.<module>), in the order `retool --help` lists them.
+# A command imports only its own module: every test and script starts `retool` in a fresh
+# process, and importing all ten commands' dependencies was most of its half-second start.
+COMMANDS: dict[str, str] = {
+    "prepare-data": "prepare_data",
+    "sandbox": "sandbox",
+    "rollout": "rollout",
+    "preflight": "preflight",
+    "train": "train",
+    "sft": "sft",
+    "eval": "eval",
+    "report": "report",
+    "demo": "demo",
+    "doctor": "doctor",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _named_command(argv: Sequence[str] | None) -> str | None:
+    """The command ``argv`` runs (its first word that is not an option), if it is one;
+    ``retool``'s own options take no values, so that word is the command."""
+    for word in argv or ():
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """``retool``'s parser: with every command, or only the one ``argv`` names (the
+    others' modules are not imported; an unknown command or ``--help`` gets them all)."""
     parser = Parser(
         prog="retool",
         description="Train language models with RL to use a Python interpreter (ReTool). "
@@ -77,16 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"retool-rl {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
-        module.add_parser(subparsers)
+    named = _named_command(argv)
+    for name, module in COMMANDS.items():
+        if named is None or name == named:
+            importlib.import_module(f"retool.cli.{module}").add_parser(subparsers)
     quiet.add_verbose(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     streams.harden_streams()
-    parser = build_parser()
     argv = guards.expand_home(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     quiet.quiet_libraries(quiet.verbose_requested(argv))  # before any model library loads
     empty = guards.empty_argument(argv)
     if empty:

@@ -41,7 +41,6 @@ from retool.backends import open_sampling_client, service_client
 from retool.backends.cleanup import close_all
 from retool.backends.vllm import check_installed, engine_options
 from retool.backends.vllm.choice import choose_engine, on_gpu
-from retool.backends.vllm.model_sampler import check_head_size, open_model_sampler, source_config
 from retool.cli.common import (
     PRECEDENCE,
     HelpFormatter,
@@ -277,6 +276,13 @@ def run(args: argparse.Namespace) -> int:
             "memory_mb": sandbox_config.memory_mb,
             "max_output_bytes": sandbox_config.max_output_bytes,
         }
+    # the vLLM engine's wrappers (numpy, the token conversions): once the input passed
+    from retool.backends.vllm.model_sampler import (
+        check_head_size,
+        open_model_sampler,
+        source_config,
+    )
+
     choice = choose_engine(
         config.sampler.engine,
         backend=config.model.backend,

@@ -41,7 +41,6 @@ from retool.data.files import check_output_file
 from retool.errors import ConfigError, DataError
 from retool.sandbox import open_sandbox
 from retool.training.run_dir import released
-from retool.training.sft import run_sft
 from retool.training.sft_data import (
     FAILURE_SHARE,
     TRAIN_FAILED_CALLS,
@@ -237,6 +236,7 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_command_config(args, "sft", unused=UNUSED)
     run_dir = preflight(args, config)
     load_conversations(data)  # every line checked before a model loads
+    from retool.training.sft import run_sft  # here, once the input passed: the training stack
 
     with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first
         run = run_sft(

@@ -25,7 +25,6 @@ from retool.cli.common import (
 )
 from retool.config import RunConfig
 from retool.errors import ConfigError
-from retool.training.loop import RLData, train
 from retool.training.run_dir import check_run_dir_free, released, resolve_checkpoint
 
 
@@ -72,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
                 "during training); add --set train.eval_every=N"
             )
     run_dir = preflight(args, config)
+    # here, once the settings and the run directory passed: the training stack's imports
+    from retool.training.loop import RLData, train
+
     data = RLData.load(config)  # the data, the reward function, the evaluation set: once
 
     with run_dir_rollback(run_dir), released(run_dir):  # the lock goes first

@@ -18,21 +18,55 @@ Modules: ``datasets`` (benchmark files: demo, JSONL, Parquet, save_to_disk),
 ``runner`` (prepare_evaluation, evaluate), ``summary``, ``stats``, ``compare``, ``tables``.
 """
 
+from typing import TYPE_CHECKING
+
+# eager: the function ``compare`` shares its module's name (see retool/lazy.py)
 from retool.evaluation.compare import Comparison, ProblemPair, compare
-from retool.evaluation.datasets import FieldNames, load_eval_examples
-from retool.evaluation.models import ModelSpec, resolve_model_spec
-from retool.evaluation.results import ROW_KEYS, EvalResults, load_results
-from retool.evaluation.runner import (
-    PreparedEvaluation,
-    check_resumable,
-    eval_settings,
-    evaluate,
-    evaluate_async,
-    prepare_evaluation,
+from retool.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from retool.evaluation.datasets import FieldNames, load_eval_examples
+    from retool.evaluation.models import ModelSpec, resolve_model_spec
+    from retool.evaluation.results import ROW_KEYS, EvalResults, load_results
+    from retool.evaluation.runner import (
+        PreparedEvaluation,
+        check_resumable,
+        eval_settings,
+        evaluate,
+        evaluate_async,
+        prepare_evaluation,
+    )
+    from retool.evaluation.stats import bootstrap_ci, pass_at_k, sign_flip_p_value
+    from retool.evaluation.summary import EvalSummary, summarize
+    from retool.evaluation.tables import format_comparison, format_summary
+
+# imported on first use (retool/lazy.py): importing one of this package's modules does
+# not load all of them
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "FieldNames": ".datasets",
+        "load_eval_examples": ".datasets",
+        "ModelSpec": ".models",
+        "resolve_model_spec": ".models",
+        "ROW_KEYS": ".results",
+        "EvalResults": ".results",
+        "load_results": ".results",
+        "PreparedEvaluation": ".runner",
+        "check_resumable": ".runner",
+        "eval_settings": ".runner",
+        "evaluate": ".runner",
+        "evaluate_async": ".runner",
+        "prepare_evaluation": ".runner",
+        "bootstrap_ci": ".stats",
+        "pass_at_k": ".stats",
+        "sign_flip_p_value": ".stats",
+        "EvalSummary": ".summary",
+        "summarize": ".summary",
+        "format_comparison": ".tables",
+        "format_summary": ".tables",
+    },
 )
-from retool.evaluation.stats import bootstrap_ci, pass_at_k, sign_flip_p_value
-from retool.evaluation.summary import EvalSummary, summarize
-from retool.evaluation.tables import format_comparison, format_summary
 
 __all__ = [
     "ROW_KEYS",

@@ -11,13 +11,37 @@ interface and results over a SandboxFusion service's HTTP ``run_code`` API
 (``factory.py``) picks one of the two from the ``[sandbox]`` settings.
 """
 
-from retool.sandbox.environment import sandbox_env
-from retool.sandbox.factory import open_sandbox
-from retool.sandbox.fusion import FusionSandbox
-from retool.sandbox.limits import MAX_CODE_BYTES
-from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox
-from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
-from retool.sandbox.stats import SandboxStats
+from typing import TYPE_CHECKING
+
+from retool.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from retool.sandbox.environment import sandbox_env
+    from retool.sandbox.factory import open_sandbox
+    from retool.sandbox.fusion import FusionSandbox
+    from retool.sandbox.limits import MAX_CODE_BYTES
+    from retool.sandbox.local import DEFAULT_PRELOAD, IsolationLevel, LocalSandbox
+    from retool.sandbox.result import ErrorKind, ExecResult, format_tool_content
+    from retool.sandbox.stats import SandboxStats
+
+# imported on first use (retool/lazy.py): loading the settings imports this package
+# for fusion_endpoint's check, and should not start the whole sandbox's imports
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "sandbox_env": ".environment",
+        "open_sandbox": ".factory",
+        "FusionSandbox": ".fusion",
+        "MAX_CODE_BYTES": ".limits",
+        "DEFAULT_PRELOAD": ".local",
+        "IsolationLevel": ".local",
+        "LocalSandbox": ".local",
+        "ErrorKind": ".result",
+        "ExecResult": ".result",
+        "format_tool_content": ".result",
+        "SandboxStats": ".stats",
+    },
+)
 
 __all__ = [
     "DEFAULT_PRELOAD",

@@ -9,16 +9,41 @@
 * ``sft``         ``run_sft()``: cold-start supervised fine-tuning (``retool sft``)
 """
 
-from retool.training.aggregation import AGGREGATIONS, scale_advantages
-from retool.training.datum import (
-    DatumError,
-    TrainingDatum,
-    build_datum,
-    build_training_datums,
+from typing import TYPE_CHECKING
+
+from retool.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from retool.training.aggregation import AGGREGATIONS, scale_advantages
+    from retool.training.datum import (
+        DatumError,
+        TrainingDatum,
+        build_datum,
+        build_training_datums,
+    )
+    from retool.training.metrics import merge_trainer_metrics
+    from retool.training.packing import first_fit_decreasing, pack_micro_batches, padded_area
+    from retool.training.run_dir import CheckpointRecord, RunDirectory
+
+# imported on first use (retool/lazy.py): a command that fails on its settings, or only
+# reads a run directory, does not load the training stack (numpy among it)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AGGREGATIONS": ".aggregation",
+        "scale_advantages": ".aggregation",
+        "DatumError": ".datum",
+        "TrainingDatum": ".datum",
+        "build_datum": ".datum",
+        "build_training_datums": ".datum",
+        "merge_trainer_metrics": ".metrics",
+        "first_fit_decreasing": ".packing",
+        "pack_micro_batches": ".packing",
+        "padded_area": ".packing",
+        "CheckpointRecord": ".run_dir",
+        "RunDirectory": ".run_dir",
+    },
 )
-from retool.training.metrics import merge_trainer_metrics
-from retool.training.packing import first_fit_decreasing, pack_micro_batches, padded_area
-from retool.training.run_dir import CheckpointRecord, RunDirectory
 
 __all__ = [
     "AGGREGATIONS",

@@ -25,20 +25,35 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from retool.backends.vllm.engine import (
-    EngineOptions,
-    VllmEngine,
-    VllmPolicySampler,
-    VllmSamplingClient,
-    check_installed,
-    policy_version,
-)
-from retool.backends.vllm.server_policy import ServerPolicySampler, open_server_sampler
-from retool.types import TrainingClient
+from retool.lazy import lazy_exports
 
 if TYPE_CHECKING:  # annotations only: config sits a floor above, the local trainer loads torch
     from retool.backends.local.training import LocalTrainingClient
+    from retool.backends.vllm.engine import (
+        EngineOptions,
+        VllmEngine,
+        VllmPolicySampler,
+        VllmSamplingClient,
+        check_installed,
+        policy_version,
+    )
+    from retool.backends.vllm.server_policy import ServerPolicySampler
     from retool.config import RunConfig
+    from retool.types import TrainingClient
+
+# the engine's and the servers' modules on first use (retool/lazy.py): every command that
+# can sample imports this package, most of them never start vLLM
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "EngineOptions": ".engine",
+        "VllmEngine": ".engine",
+        "VllmPolicySampler": ".engine",
+        "VllmSamplingClient": ".engine",
+        "check_installed": ".engine",
+        "policy_version": ".engine",
+    },
+)
 
 __all__ = [
     "EngineOptions",
@@ -55,6 +70,7 @@ __all__ = [
 def engine_options(config: RunConfig) -> EngineOptions:
     """A :class:`~retool.config.RunConfig`'s ``[sampler]`` settings as engine options."""
     from retool.backends.local.distributed import world  # here: the local backend loads torch
+    from retool.backends.vllm.engine import EngineOptions
 
     sampler = config.sampler
     return EngineOptions(
@@ -80,6 +96,9 @@ def open_policy_sampler(
     Its ``snapshot()`` is the step's sampling client (weights synced first),
     its ``close()`` ends the engine.
     """
+    from retool.backends.vllm.engine import VllmPolicySampler
+    from retool.backends.vllm.server_policy import open_server_sampler
+
     sampler = config.sampler
     if sampler.engine != "vllm":
         return None

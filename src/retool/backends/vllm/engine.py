@@ -72,8 +72,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
 from retool.backends.vllm.convert import completion_sequence, prompt_logprobs, request_fields
 from retool.backends.vllm.policy_sync import StepSynced
 from retool.backends.vllm.sync import (
@@ -181,6 +179,7 @@ def _process_state_kept() -> Iterator[None]:
     An in-process engine calls ``set_random_seed(seed)`` on start; the trainer's
     checkpoints hold those generators, so a resumed run must not see them reset.
     """
+    import numpy as np  # here with torch: only an engine that starts needs either
     import torch
 
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
