@@ -53,6 +53,8 @@ def test_demo_runs_base_sft_rl_evaluations_on_both_held_out_splits_and_report(tm
         table = results[results.index(f"\n{split}: 2 problems x 2 samples") :].splitlines()
         assert [line.split()[0] for line in table[4:7]] == ["base", "SFT", "RL"]
         assert f"paired comparison on {split}, RL against SFT" in out
+    # what 2 problems x 2 samples can show, said in words, with the long run pointed to
+    assert "RL - SFT on demo:paraphrase: " in out and "make demo-long" in out
     compare = [line for line in out.splitlines() if line.startswith("$ retool eval compare")]
     assert compare == [
         f"$ retool eval compare {root / 'eval' / 'sft'}{s}.jsonl {root / 'eval' / 'rl'}{s}.jsonl"
@@ -179,3 +181,24 @@ def test_the_long_runs_shape_skips_the_base_model_and_draws_a_learning_curve(tmp
     table = results[results.index("\ndemo:test: 2 problems x 2 samples") :].splitlines()
     assert [line.split()[0] for line in table[4:6]] == ["SFT", "RL"]
     assert "paired comparison on demo:test, RL against SFT" in out
+
+
+def test_the_demo_says_what_its_sample_can_show_and_points_to_the_long_run():
+    from retool.cli.demo import what_it_shows
+    from retool.evaluation import Comparison
+
+    def pair(low, high, problems=28):
+        return Comparison(
+            a="sft.jsonl", b="rl.jsonl", n=4, problems=problems, left_out_a=0,
+            left_out_b=0, average_at_n_a=0.33, average_at_n_b=0.38, difference=0.054,
+            difference_ci=(low, high), p_value=0.36, p_value_method="exact",
+            pass_at_n_a=0.5, pass_at_n_b=0.6, solved_only_by_a=(), solved_only_by_b=(),
+        )  # fmt: skip
+
+    noise = what_it_shows("demo:paraphrase", pair(-0.027, 0.152), 120)
+    assert "+5.4 points, 95% paired interval [-2.7, +15.2]: it includes 0" in noise
+    assert "28 problems x 4 samples cannot tell" in noise and "make demo-long" in noise
+    # every problem evaluated (the long demo itself): no pointer to itself
+    assert "make demo-long" not in what_it_shows("demo:paraphrase", pair(-0.02, 0.1, 120), 120)
+    assert "above 0, RL's gain holds" in what_it_shows("demo:test", pair(0.01, 0.1), 40)
+    assert "below 0" in what_it_shows("demo:test", pair(-0.2, -0.01), 40)

@@ -52,7 +52,7 @@ from retool.data.demo import HELD_OUT_SPLITS, demo_problems
 from retool.data.files import check_output_dir
 from retool.diagnostics.selfcheck import run_selfcheck
 from retool.errors import ConfigError
-from retool.evaluation import load_eval_examples, load_results, summarize
+from retool.evaluation import Comparison, compare, load_eval_examples, load_results, summarize
 from retool.training.run_dir import config_to_toml
 
 DEFAULT_CONFIG = Path("configs/demo.toml")
@@ -478,6 +478,31 @@ def _table(spec: str, evals: dict[str, Path]) -> None:
         )
 
 
+LONG_RUN = "configs/demo-long.toml"
+
+
+def what_it_shows(spec: str, pair: Comparison, split_size: int) -> str:
+    """One sentence on what RL - SFT on ``spec`` can and cannot show at this sample size
+    (pointing to the long demo when fewer than the split's ``split_size`` were evaluated)."""
+    low, high = pair.difference_ci
+    size = f"{pair.problems} problems x {pair.n} samples"
+    said = (
+        f"RL - SFT on {spec}: {pair.difference * 100:+.1f} points, 95% paired interval "
+        f"[{low * 100:+.1f}, {high * 100:+.1f}]"
+    )
+    if low > 0:
+        return f"{said}: above 0, RL's gain holds at this sample size ({size})."
+    if high < 0:
+        return f"{said}: below 0, RL lost ground at this sample size ({size})."
+    said = f"{said}: it includes 0, so {size} cannot tell RL's change from sampling noise."
+    if pair.problems < split_size:
+        said += (
+            f" The long demo (make demo-long, {LONG_RUN}) evaluates every held-out problem "
+            "and draws a learning curve."
+        )
+    return said
+
+
 def _results(evals: dict[str, dict[str, Path]], root: Path, policy: Path | None) -> None:
     print("\nheld-out results (the same problems, samples and seeds for every policy):")
     for spec, files in evals.items():
@@ -487,6 +512,10 @@ def _results(evals: dict[str, dict[str, Path]], root: Path, policy: Path | None)
         if "rl" in files and pair:
             print(f"\npaired comparison on {spec}, RL against {LABELS[pair[0]]}:")
             _command(["eval", "compare", str(files[pair[0]]), str(files["rl"])])
+    for spec, files in evals.items():
+        if "rl" in files and "sft" in files:
+            pair, size = compare(files["sft"], files["rl"]), len(load_eval_examples(spec))
+            print(f"\n{what_it_shows(spec, pair, size)}")
     if policy is not None:
         report = root / "report"
         paths = [str(path) for files in evals.values() for path in files.values()]
