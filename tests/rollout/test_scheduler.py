@@ -644,6 +644,12 @@ def test_metrics_cover_the_reference_and_the_batch_window(smol_tokenizer):
     assert metrics["rollout/sampled_tokens"] == sum(
         len(t.completion_tokens) for tr in result.trajectories for t in tr.turns
     )
+    # every trajectory called the tool once; the entropy estimate is the sampled tokens'
+    # mean -logprob, recomputed here from the turns
+    assert metrics["rollout/tool_use_rate"] == 1.0
+    logprobs = [lp for tr in result.trajectories for t in tr.turns for lp in t.logprobs]
+    assert metrics["rollout/sampled_nll"] == pytest.approx(-sum(logprobs) / len(logprobs))
+    assert metrics["rollout/sampled_nll"] > 0
 
 
 def test_sync_entry_refuses_a_running_loop(smol_tokenizer):

@@ -70,11 +70,25 @@ PLOTS: tuple[PlotSpec, ...] = (
     ),
     PlotSpec(
         "tool_use",
-        "Code calls and turns per trajectory",
+        "Code calls, turns, tool use and the policy's entropy",
         (
             Panel(
                 "mean per trajectory",
                 (("rollout/code_calls", "code calls"), ("rollout/turns", "assistant turns")),
+            ),
+            Panel(
+                "share",
+                (
+                    ("rollout/tool_use_rate", "trajectories that ran code"),
+                    ("rollout/valid_tool_call_rate", "calls that parsed"),
+                    ("rollout/degenerate_group_rate", "groups scoring alike"),
+                ),
+                percent=True,
+            ),
+            Panel(
+                "sampled tokens' mean -logprob (an entropy estimate)",
+                (("rollout/sampled_nll", "nats per token"),),
+                ylabel="nats",
             ),
         ),
     ),

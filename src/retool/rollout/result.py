@@ -94,6 +94,7 @@ class RolloutResult:
         turns = [t for tr in included for t in tr.turns]
         call_attempts = sum(t.parse_kind in ("tool", "invalid") for t in turns)
         code_calls = sum(t.code_calls for t in included)
+        logprobs = [lp for t in turns for lp in t.logprobs]
         metrics: dict[str, float] = {
             "reward/mean": _mean([t.reward for t in included]),
             "reward/correct": _mean([float(t.correct) for t in included]),
@@ -104,6 +105,11 @@ class RolloutResult:
             "rollout/code_calls": _mean([float(t.code_calls) for t in included]),
             "rollout/trajectory_tokens": _mean([float(t.total_tokens) for t in included]),
             "rollout/valid_tool_call_rate": code_calls / call_attempts if call_attempts else 0.0,
+            # share of trajectories that ran at least one call (code_calls is the mean count)
+            "rollout/tool_use_rate": _mean([float(t.code_calls > 0) for t in included]),
+            # mean -logprob of the sampled tokens under the sampler: an unbiased estimate of
+            # the sampling policy's per-token entropy (nats), which RL tends to drive down
+            "rollout/sampled_nll": -_mean(logprobs) if logprobs else 0.0,
             "rollout/degenerate_group_rate": (
                 self.degenerate_groups() / self.num_questions if self.num_questions else 0.0
             ),
