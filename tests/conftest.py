@@ -12,6 +12,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # 2-core machine spin against each other, and torch is not imported yet here.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The caches kept under ~/.cache (the sandbox's relocated layers, about 10 s to build for
+# this venv; models converted from GGUF) stay put when a test points HOME at a temporary
+# directory (the fake services, doctor, tracking): without this, each such test built
+# them again, in every sandbox it started. Pinned before any test moves HOME; a test of
+# the cache's location sets XDG_CACHE_HOME itself.
+os.environ.setdefault("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+
 
 def pytest_collection_modifyitems(config, items):
     """Files holding ``slow`` tests first, so that with workers (``make test``, whole

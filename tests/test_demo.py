@@ -1,6 +1,7 @@
 """``retool demo``: the whole method end to end, and the settings it refuses."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -155,32 +156,35 @@ def test_demo_on_smollm2(tmp_path, capsys):
     assert [m["step"] for m in rl] == [1] and rl[0]["rollout/trajectories"] == 4
 
 
-def test_the_long_runs_shape_skips_the_base_model_and_draws_a_learning_curve(tmp_path, capsys):
-    """configs/demo-long.toml's switches: no base evaluation, and the RL phase evaluates
-    data.dev at step 0 (the SFT checkpoint) and every train.eval_every steps."""
-    settings = [
-        *TINY,
-        "demo.evaluate_base=false",
-        'demo.paraphrase_dataset=""',
-        "demo.rl_steps=2",
-        "train.eval_every=2",
-        "train.eval_at_start=true",
-        "train.eval_n=1",
-        "train.eval_limit=2",
-    ]
-    code = main(["demo", "--output", str(tmp_path), "--no-progress", *_sets(settings)])
-    out, err = capsys.readouterr()
-    assert code == 0, out + err
-    assert "base model" not in out and "--model tiny-random" not in out
-    assert "2 RL steps x 2 questions x 2 samples, ppo loss, 2 evaluations on demo:dev" in out
+def test_the_long_runs_shape_skips_the_base_model_and_draws_a_learning_curve(
+    tmp_path, capsys, monkeypatch
+):
+    """configs/demo-long.toml's switches, with the commands recorded rather than run (the
+    loop's own evaluations are tested in tests/training/test_loop.py): no base-model
+    evaluation, and the RL command gets train.eval_every and eval_at_start from the
+    effective config, its plan counting their evaluations."""
+    import retool.cli.demo as demo_cli
+
+    ran = []
+    passed = SimpleNamespace(ok=True, correct=7, total=7, tool_calls=7, tokens=0, failures=[])
+    monkeypatch.setattr(demo_cli, "run_selfcheck", lambda *a, **k: passed)
+    monkeypatch.setattr(demo_cli, "_command", ran.append)
+    monkeypatch.setattr(demo_cli, "_results", lambda *a, **k: None)  # reads what nothing wrote
+    argv = ["demo", "--config", "configs/demo-long.toml", "--output", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "base model" not in out
+    assert "16 RL steps x 12 questions x 4 samples, ppo loss, 5 evaluations on demo:dev" in out
+    assert "40 problems of demo:test and 120 problems of demo:paraphrase x 2 samples" in out
+    models = [a[a.index("--model") + 1] for a in ran if a[0] == "eval"]
     (root,) = tmp_path.iterdir()
-    assert sorted(p.name for p in (root / "eval").glob("*.jsonl")) == ["rl.jsonl", "sft.jsonl"]
-    curve = sorted(p.name for p in (root / "rl" / "eval").glob("*.jsonl"))
-    assert curve == ["step_000000.jsonl", "step_000002.jsonl"], curve
-    results = out[out.index("held-out results") :]
-    table = results[results.index("\ndemo:test: 2 problems x 2 samples") :].splitlines()
-    assert [line.split()[0] for line in table[4:6]] == ["SFT", "RL"]
-    assert "paired comparison on demo:test, RL against SFT" in out
+    assert models == [str(root / "sft")] * 2 + [str(root / "rl")] * 2  # SFT, RL; no base
+    (train,) = [a for a in ran if a[0] == "train"]
+    assert "train.steps=16" in train and f"--init-from={root / 'sft'}" in "=".join(train)
+    effective = load_config(str(root / "config.toml"))
+    assert (effective.train.eval_every, effective.train.eval_at_start) == (4, True)
+    assert (effective.train.eval_dataset, effective.train.eval_n) == ("demo:dev", 2)
+    assert effective.demo.evaluate_base is False
 
 
 def test_the_demo_says_what_its_sample_can_show_and_points_to_the_long_run():
