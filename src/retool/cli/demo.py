@@ -514,8 +514,8 @@ def _results(evals: dict[str, dict[str, Path]], root: Path, policy: Path | None)
             _command(["eval", "compare", str(files[pair[0]]), str(files["rl"])])
     for spec, files in evals.items():
         if "rl" in files and "sft" in files:
-            pair, size = compare(files["sft"], files["rl"]), len(load_eval_examples(spec))
-            print(f"\n{what_it_shows(spec, pair, size)}")
+            paired, size = compare(files["sft"], files["rl"]), len(load_eval_examples(spec))
+            print(f"\n{what_it_shows(spec, paired, size)}")
     if policy is not None:
         report = root / "report"
         paths = [str(path) for files in evals.values() for path in files.values()]
