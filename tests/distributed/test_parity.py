@@ -22,6 +22,7 @@ import torch
 from tests.distributed.common import python, torchrun
 
 WORKER = "tests/distributed/worker.py"
+KINDS = ("lora", "full")
 
 
 def _gaps(one, two):
@@ -32,15 +33,22 @@ def _gaps(one, two):
     return weights
 
 
-@pytest.mark.slow  # starts three processes
-@pytest.mark.parametrize("kind", ["lora", "full"])
-def test_two_ranks_take_the_step_of_one_process(tmp_path, kind):
-    two = torchrun(WORKER, str(tmp_path / "two.pt"), kind, str(tmp_path / "ck2"))
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    """Each kind's step, by two ranks and by one process (both kinds in one launch)."""
+    tmp = tmp_path_factory.mktemp("parity")
+    two = torchrun(WORKER, str(tmp / "two"), ",".join(KINDS), str(tmp / "ck2"))
     assert two.returncode == 0, two.stderr[-3000:]
-    one = python(WORKER, str(tmp_path / "one.pt"), kind, str(tmp_path / "ck1"))
+    one = python(WORKER, str(tmp / "one"), ",".join(KINDS), str(tmp / "ck1"))
     assert one.returncode == 0, one.stderr[-3000:]
-    a = torch.load(tmp_path / "one.pt", weights_only=False)
-    b = torch.load(tmp_path / "two.pt", weights_only=False)
+    return tmp
+
+
+@pytest.mark.slow  # starts three processes
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_ranks_take_the_step_of_one_process(steps, kind):
+    a = torch.load(steps / "one" / f"{kind}.pt", weights_only=False)
+    b = torch.load(steps / "two" / f"{kind}.pt", weights_only=False)
     assert sorted(a["weights"]) == sorted(b["weights"])  # the unwrapped model's names
     for name in a["weights"]:
         assert a["weights"][name].shape == b["weights"][name].shape, name  # full, not shards

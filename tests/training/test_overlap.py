@@ -30,6 +30,7 @@ from retool.training.loop import train
 from retool.training.overlap import sampling_version
 from retool.training.run_dir import RunDirectory
 from tests.builders import run_toml
+from tests.training.test_loop import train_here
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = run_toml(
@@ -151,8 +152,7 @@ def retool(*args: str, kill_at: str | None = None) -> subprocess.CompletedProces
 def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("overlap")
     config = write_config(tmp)
-    done = retool("train", "--config", str(config), "--run-dir", str(tmp / "run"), "--no-progress")
-    assert done.returncode == 0, done.stderr
+    train_here(config, tmp / "run")  # the killed runs below are processes
     return config, trainable(tmp / "run", 3)
 
 

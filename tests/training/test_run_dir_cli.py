@@ -28,7 +28,7 @@ from retool.cli import main
 from retool.config import load_config
 from retool.training.provenance import RunInputs, digest_file
 from retool.training.run_dir import RunDirectory
-from tests.training.test_loop import ROOT, final_weights, uninterrupted, write_config
+from tests.training.test_loop import ROOT, final_weights, train_here, uninterrupted, write_config
 
 __all__ = ["uninterrupted"]  # the fixture, shared with test_loop
 
@@ -85,9 +85,7 @@ def init_source(tmp_path_factory):
     """A one-step run to start from, and the uninterrupted run started from it elsewhere."""
     tmp = tmp_path_factory.mktemp("init")
     config = write_config(tmp)
-    done = retool_in(tmp, "train", "--config", str(config), "--set", "train.steps=1",
-                     "--run-dir", "source", "--no-progress")  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    train_here(config, tmp / "source", ("train.steps=1",))  # in this process: ~7 s less
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
     args = ("train", "--config", str(config), "--init-from", str(tmp / "source"), "--no-progress")

@@ -35,10 +35,8 @@ def setup(tmp_path_factory):
     config = tmp / "sft.toml"
     config.write_text(CONFIG)
     run = tmp / "uninterrupted"
-    done = retool(
-        "sft", "--config", str(config), "--data", str(demos), "--run-dir", str(run), "--no-progress"
-    )
-    assert done.returncode == 0, done.stderr
+    # In this process (the killed and resumed runs below are processes): ~7 s less.
+    run_sft(load_config(config), demos, run_dir=str(run), progress=False)
     return config, demos, final_weights(run, 2)
 
 
