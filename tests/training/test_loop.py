@@ -150,13 +150,18 @@ def retool(*args: str, kill_at: str | None = None) -> subprocess.CompletedProces
     )
 
 
-def train_here(config: Path, run_dir: Path, sets: tuple[str, ...] = ()) -> RunDirectory:
-    """A reference run in this process (the killed and resumed runs it is compared with
-    are ``retool`` processes): a process of its own would cost ~7 s of imports on a
-    2-core host, for the same weights (the float32 steps do not depend on the process)."""
+def train_here(
+    config: Path, run_dir: Path, sets: tuple[str, ...] = (), *, resume: bool = False
+) -> RunDirectory:
+    """A run in this process: the reference run, or the resume of a killed ``retool``
+    process (the kill needs a process; the resume tests the run directory it left, and
+    ``retool train --resume`` itself is tested in test_run_dir_cli.py). A process of its
+    own would cost ~7 s of imports on a 2-core host, for the same weights: the float32
+    steps do not depend on the process."""
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(ROOT))  # the tests' reward function
-        return train(load_config(config, list(sets)), run_dir=str(run_dir), progress=False)
+        config_ = load_config(config, list(sets))
+        return train(config_, run_dir=str(run_dir), resume=resume, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -182,9 +187,7 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted, k
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress")
     killed = retool(*args, kill_at=kill_at)
     assert killed.returncode == -9, killed.stderr
-    resumed = retool(*args, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    run = RunDirectory(run_dir)
+    run = train_here(config, run_dir, resume=True)
     assert run.completed_steps() == [1, 2]  # each step exactly once
     assert [r.step for r in run.checkpoints()] == [1, 2]
     weights = final_weights(run_dir, 2)

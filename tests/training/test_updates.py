@@ -18,7 +18,7 @@ from retool.training.loop import train
 from retool.training.run_dir import RunDirectory
 from retool.training.updates import merge_update_metrics, split_updates
 from tests.builders import policy_datum, run_toml
-from tests.training.test_loop import ROOT, final_weights, retool
+from tests.training.test_loop import ROOT, final_weights, retool, train_here
 
 
 @pytest.fixture(autouse=True)
@@ -150,8 +150,7 @@ def test_each_step_takes_one_optimizer_step_per_update(tmp_path):
 def test_kill_between_two_updates_and_resume_matches_an_uninterrupted_run(tmp_path):
     config = write_config(tmp_path, 2)
     common = ("train", "--config", str(config), "--no-progress")
-    done = retool(*common, "--run-dir", str(tmp_path / "whole"))
-    assert done.returncode == 0, done.stderr
+    train_here(config, tmp_path / "whole")  # the kill needs a process; the rest need none
     expected = final_weights(tmp_path / "whole", 2)
     run_dir = tmp_path / "run"
     args = (*common, "--run-dir", str(run_dir))
@@ -159,8 +158,7 @@ def test_kill_between_two_updates_and_resume_matches_an_uninterrupted_run(tmp_pa
     assert killed.returncode == -9, killed.stderr
     run = RunDirectory(run_dir)
     assert run.completed_steps() == [1]
-    resumed = retool(*args, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    train_here(config, run_dir, resume=True)
     assert run.completed_steps() == [1, 2]  # each step exactly once
     (step2,) = [m for m in run.metrics() if m["step"] == 2]
     assert step2["train/updates"] == 2 and step2["optim/step"] == 4.0
