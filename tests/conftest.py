@@ -8,7 +8,7 @@ import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each of make test's workers gets one compute thread (and passes it on to
-    # the commands it starts): two workers with two OpenMP threads each on a
+    # the commands it starts): make test's workers with two OpenMP threads each on a
     # 2-core machine spin against each other, and torch is not imported yet here.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
