@@ -2,8 +2,9 @@
 
 The launcher is torchrun's own ``main``; what is ours is only how it ends: the
 status a shell sees for a signal or a failed rank (the jobs themselves are in
-``test_failure.py``, Ctrl-C, and ``test_commands.py``, kill -9). A rank's :class:`~retool.cli._LastWord` decides its
-single line: a lost rank's line replaces the command's, and nothing is said twice.
+``test_failure.py``, Ctrl-C, and ``test_commands.py``, kill -9). A rank's
+:class:`~retool.cli._LastWord` decides its single line: a lost rank's line replaces
+the command's, and nothing is said twice.
 """
 
 from __future__ import annotations
