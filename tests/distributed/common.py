@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -91,6 +92,15 @@ def committed(run: Path) -> list[int]:
     path = run / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [json.loads(line)["step"] for line in lines if line.endswith("}")]
+
+
+def wait_for_a_commit(job: subprocess.Popen[str], run: Path, within: float = 240) -> None:
+    """Until ``run`` holds a committed step, while ``job`` runs (then a signal tests
+    something: the job is past its start and has something to keep)."""
+    deadline = time.monotonic() + within
+    while not committed(run):
+        assert job.poll() is None and time.monotonic() < deadline, "no step committed"
+        time.sleep(0.1)
 
 
 def saved(run: Path) -> list[str]:

@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +42,7 @@ from tests.distributed.common import (
     python,
     rank_pid,
     torchrun,
+    wait_for_a_commit,
 )
 
 SFT = run_toml(
@@ -148,10 +148,7 @@ def test_kill_9_of_a_serving_rank_stops_the_job_and_resume_is_exact(tmp_path, wh
         env=environment(), cwd=ROOT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 240
-        while not committed(run):
-            assert job.poll() is None and time.monotonic() < deadline, "no step committed"
-            time.sleep(0.1)
+        wait_for_a_commit(job, run)
         victim = rank_pid(job.pid, 1)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -28,6 +27,7 @@ from tests.distributed.common import (
     ours,
     saved,
     torchrun,
+    wait_for_a_commit,
 )
 
 
@@ -44,10 +44,7 @@ def test_ctrl_c_on_the_launcher_exits_130_saves_the_step_and_resumes(tmp_path):
         text=True, env=environment(), cwd=ROOT, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 240
-        while not committed(run):
-            assert job.poll() is None and time.monotonic() < deadline, "no step committed"
-            time.sleep(0.1)
+        wait_for_a_commit(job, run)
         os.killpg(job.pid, signal.SIGINT)  # a terminal's Ctrl-C on the launcher
         _, err = job.communicate(timeout=60)
     finally:
