@@ -24,9 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from retool.config import load_config
 from retool.training.display import step_summary
-from retool.training.loop import train
 from retool.training.run_dir import RunDirectory
 from tests.builders import run_toml
 from tests.training.test_loop import ROOT, final_weights, retool, train_here
@@ -84,9 +82,7 @@ def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dynamic")
     config = tmp / "run.toml"
     config.write_text(CONFIG)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT))
-        run = train(load_config(config), run_dir=str(tmp / "run"), progress=False)
+    run = train_here(config, tmp / "run")
     (metrics,) = run.metrics()
     # The premise of the kill below: this seed's step draws 2 extra questions.
     assert metrics["rollout/extra_questions"] == 2 and metrics["rollout/trajectories"] == 16

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +27,7 @@ from retool.training.loop import train
 from retool.training.overlap import sampling_version
 from retool.training.run_dir import RunDirectory
 from tests.builders import run_toml
-from tests.training.test_loop import train_here
+from tests.training.test_loop import retool, train_here
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = run_toml(
@@ -135,17 +132,6 @@ def test_k0_records_the_previous_steps_policy_and_keeps_no_journal(tmp_path):
 def test_a_merged_vllm_engine_is_refused_with_a_lag(tmp_path):
     with pytest.raises(ConfigError, match='sampler.sync = "lora"'):
         load_config(write_config(tmp_path), ['sampler.engine="vllm"', 'sampler.sync="merged"'])
-
-
-def retool(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("RETOOL_KILL_AT", None)
-    if kill_at:
-        env["RETOOL_KILL_AT"] = kill_at
-    command = [sys.executable, "-c", "import sys; from retool.cli import main; sys.exit(main())"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
-    )
 
 
 @pytest.fixture(scope="module")
