@@ -80,6 +80,7 @@ UNUSED = {
     "rollout.group_size": "samples per problem are --val-n",
     "rollout.dynamic_sampling": "every problem is evaluated; it is a `retool train` setting",
     "rollout.max_oversample": "every problem is evaluated; it is a `retool train` setting",
+    "rollout.drop_void": "every sample is scored; it is a `retool train` setting",
     "data": "name the problems with --dataset",
     "train": "`retool eval` does not train",
     "model.base_model": "name the model with --model",

@@ -122,6 +122,7 @@ UNUSED = {
     "model.loss_reduction": "`retool rollout` trains nothing",
     "rollout.dynamic_sampling": _TRAIN_ONLY,
     "rollout.max_oversample": _TRAIN_ONLY,
+    "rollout.drop_void": _TRAIN_ONLY,
     "sampler": "`retool rollout` samples with model.backend's own sampler; [sampler] is the "
     "RL run's engine (`retool train`)",
     "cost": "`retool rollout` keeps no spend ledger; cost.* is read by `retool train`",

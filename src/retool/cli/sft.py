@@ -83,6 +83,7 @@ UNUSED = {
             "share_identical_code",
             "dynamic_sampling",
             "max_oversample",
+            "drop_void",
         )
     },
 }

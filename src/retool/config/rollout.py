@@ -41,6 +41,10 @@ class RolloutConfig:
     # train.questions_per_batch informative groups or has drawn max_oversample extra ones.
     dynamic_sampling: bool = False
     max_oversample: int = 8  # extra questions one step may draw, in [0, 2**16]
+    # SimpleTIR's filter (training only): a trajectory that ended void (a partial or
+    # malformed call, an answer without a complete \\boxed{}) or cut by its token budget
+    # keeps its reward, in its group's mean too, but does not train (rollout/void.py).
+    drop_void: bool = False
 
     def __post_init__(self) -> None:
         # Upper bounds far above any real run, so a typo (an extra zero or three) is one

@@ -12,6 +12,11 @@ only the informative ones (:func:`informative`), the others are *filtered*
 leaves them out, so a loss aggregation's ``N`` counts only what trains, as
 in DAPO). ``rollout/filtered_groups`` and ``rollout/extra_questions`` are
 recorded only then.
+
+``rollout/void_rate`` is always recorded: the share of included trajectories
+that ended void or truncated (:mod:`retool.rollout.void`). With
+``rollout.drop_void`` those do not train either, and ``rollout/dropped_void``
+counts them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from retool.rollout.types import StopReason, Trajectory
+from retool.rollout.void import is_void
 
 
 @dataclass
@@ -65,6 +71,7 @@ class RolloutResult:
     sandbox: dict[str, float] = field(default_factory=dict)  # this batch's window
     filtering: bool = False  # rollout.dynamic_sampling: uninformative groups do not train
     extra_questions: int = 0  # questions drawn beyond the batch to replace filtered groups
+    dropping_void: bool = False  # rollout.drop_void: void trajectories do not train
 
     @property
     def included(self) -> list[Trajectory]:
@@ -81,11 +88,14 @@ class RolloutResult:
         return sum(not informative(members) for members in self.groups())
 
     def training_trajectories(self) -> list[Trajectory]:
-        """The trajectories that count in the step's loss: all of them, or with
-        filtering those of the informative groups."""
-        if not self.filtering:
-            return list(self.trajectories)
-        return [t for members in self.groups() if informative(members) for t in members]
+        """The trajectories that count in the step's loss: all of them, less, with
+        filtering, those of uninformative groups and, dropping void, the void ones."""
+        kept = self.trajectories
+        if self.filtering:
+            kept = [t for members in self.groups() if informative(members) for t in members]
+        if self.dropping_void:
+            kept = [t for t in kept if not is_void(t)]
+        return list(kept)
 
     def metrics(self) -> dict[str, float]:
         trajectories = self.trajectories
@@ -110,6 +120,8 @@ class RolloutResult:
             # mean -logprob of the sampled tokens under the sampler: an unbiased estimate of
             # the sampling policy's per-token entropy (nats), which RL tends to drive down
             "rollout/sampled_nll": -_mean(logprobs) if logprobs else 0.0,
+            # ended without a complete call or answer, or cut by the token budget
+            "rollout/void_rate": _mean([float(is_void(t)) for t in included]),
             "rollout/degenerate_group_rate": (
                 self.degenerate_groups() / self.num_questions if self.num_questions else 0.0
             ),
@@ -122,6 +134,8 @@ class RolloutResult:
         if self.filtering:
             metrics["rollout/filtered_groups"] = float(self.degenerate_groups())
             metrics["rollout/extra_questions"] = float(self.extra_questions)
+        if self.dropping_void:
+            metrics["rollout/dropped_void"] = float(sum(is_void(t) for t in included))
         for name, value in asdict(self.counters).items():
             if name != "sampled_tokens":
                 metrics[f"rollout/{name}"] = float(value)

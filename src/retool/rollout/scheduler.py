@@ -92,6 +92,7 @@ from retool.rollout.types import (
     StopReason,
     Trajectory,
 )
+from retool.rollout.void import drop_void
 from retool.sandbox.result import ErrorKind, format_tool_content
 from retool.types import SamplerStop, SamplingClient, Sandbox
 
@@ -531,6 +532,8 @@ class _Batch:
         if self.refill.enabled:
             g = self.group_size
             zero_uninformative([trajectories[i : i + g] for i in range(0, len(trajectories), g)])
+        if self.config.drop_void:  # after the means: void rewards stay in them
+            drop_void(trajectories)
         window = self.sandbox.stats.snapshot_and_reset() if self.sandbox is not None else {}
         return RolloutResult(
             trajectories=trajectories,
@@ -541,6 +544,7 @@ class _Batch:
             sandbox=dict(window),
             filtering=self.refill.enabled,
             extra_questions=self.refill.drawn,
+            dropping_void=self.config.drop_void,
         )
 
 

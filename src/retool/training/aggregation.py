@@ -39,7 +39,8 @@ batch, the filtered ones too (they add ``m_i = 0``): the objective stays the
 mean over every sampled trajectory, so a step where many groups were
 degenerate moves the weights less, as in the reference. With
 ``rollout.dynamic_sampling`` the loop passes the trajectories of the groups
-that train instead (DAPO: filtered groups are not part of the batch's mean). (The chapter notes
+that train instead (DAPO: filtered groups are not part of the batch's mean),
+and with ``rollout.drop_void`` it leaves the void ones out (SimpleTIR's mask). (The chapter notes
 that the reference's remote trainer reported ``loss_sum / token_count`` per
 call; had it normalised gradients by each call's token count, its objective
 would have depended on how the step was packed. The per-sequence reading is

@@ -97,4 +97,6 @@ def step_summary(step: int, total: int, metrics: dict[str, float]) -> str:
             f"  filtered {metrics['rollout/filtered_groups']:.0f} groups"
             f" (+{metrics['rollout/extra_questions']:.0f} questions)"
         )
+    if "rollout/dropped_void" in metrics:  # rollout.drop_void is on
+        line += f"  dropped {metrics['rollout/dropped_void']:.0f} void"
     return line

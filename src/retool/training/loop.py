@@ -315,7 +315,10 @@ def train(
                         pipeline.committed(step)
                 excluded_all = all(t.excluded for t in result.trajectories)
                 note = exclusion_note(result.trajectories)
-                note += alike_note(bool(datums), excluded_all)
+                void_only = result.dropping_void and result.degenerate_groups() < len(
+                    result.groups()
+                )
+                note += alike_note(bool(datums), excluded_all, void_only)
                 session.report(step, metrics, tokens, note)
                 if evaluation.due(step):
                     evaluation.run(step)

@@ -20,6 +20,8 @@ failures only in ``metrics.jsonl``. Here:
   what to do (a base model that never or always answers right gives no
   signal: ``retool sft`` first, ``retool preflight`` to check); later such
   steps keep a short note.
+  A step that trains nothing because ``rollout.drop_void`` dropped what would
+  have trained says that instead.
 """
 
 from __future__ import annotations
@@ -95,9 +97,16 @@ class AlikeNote:
     def __init__(self) -> None:
         self.said = False
 
-    def __call__(self, trained: bool, excluded_all: bool = False) -> str:
+    def __call__(self, trained: bool, excluded_all: bool = False, void: bool = False) -> str:
+        """``void``: some group scored differently, but rollout.drop_void dropped
+        every trajectory that would have trained."""
         if trained or excluded_all:
             return ""
+        if void:
+            return (
+                "  (nothing to train: the groups that scored differently held only void "
+                "trajectories, and rollout.drop_void dropped them)"
+            )
         if self.said:
             return "  (every group scored alike: nothing to train)"
         self.said = True
