@@ -55,7 +55,8 @@ test: setup
 	@# compiled all of them from source again (0.3-0.4 s each on a 2-core AVX2 host).
 	@$(PY) -m compileall -q src tests > /dev/null
 	@status=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" \
+	  --durations=25 \
 	  || status=$$?; \
 	$(PY) -m pytest -q -n 0 -m alone --durations=5 || status=$$?; \
 	exit $$status

@@ -122,7 +122,7 @@ def test_quick_settings_win_over_the_config_and_set():
     assert f"{QUICK['rl_steps']} RL step x 2 questions x 2 samples, ppo loss" in what
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=110)
 def test_demo_on_smollm2(tmp_path, capsys):
     # The real model through every phase (the GGUF weights, its chat template, SFT,
     # RL, evaluations), as small as it goes: one held-out split (the tiny-random demo

@@ -155,6 +155,7 @@ def _clients(tmp_path, full):
     return out
 
 
+@pytest.mark.slow(seconds=35)  # 30-50 s each under make test
 @pytest.mark.parametrize("full", [False, True], ids=["lora", "full"])
 def test_bf16_training_matches_float32_within_tolerance(tmp_path, full):
     """Loss within 2% and gradients within a cosine of 0.99 (bf16 keeps ~3 digits);

@@ -504,7 +504,7 @@ def test_case_names_are_unique():
     assert len(names) == len(set(names))
 
 
-@pytest.mark.slow  # runs many processes: started first under workers
+@pytest.mark.slow(seconds=65)  # runs many processes: started first under workers
 def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
     failures = _run_all(tmp_path, CASES)
     assert not failures, f"{len(failures)} of {len(CASES)} cases:\n" + "\n".join(failures)

@@ -99,7 +99,7 @@ def _interrupt(tmp: Path, index: int, mark: str, delay: float, signum: int) -> s
     return f"{label}: {'; '.join(problems)}" if problems else None
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=55)
 def test_interrupts_in_the_first_seconds_of_sft_on_smollm2_exit_cleanly(tmp_path):
     (tmp_path / "sft.toml").write_text(CONFIG)
     (tmp_path / "demos.jsonl").write_text(conversations(8))

@@ -84,7 +84,7 @@ def whole(tmp_path_factory) -> tuple[Path, Path, str]:
     return config, run, ran.stdout
 
 
-@pytest.mark.slow  # three runs of the tiny model, one of them under torchrun
+@pytest.mark.slow(seconds=55)  # three runs of the tiny model, one of them under torchrun
 def test_rl_run_under_torchrun_is_the_one_process_run(tmp_path, whole):
     config, ran, stdout = whole
     two, one = tmp_path / "two", tmp_path / "one"
@@ -107,7 +107,7 @@ def test_rl_run_under_torchrun_is_the_one_process_run(tmp_path, whole):
     assert steps_of(two) == [1, 2, 3]
 
 
-@pytest.mark.slow  # three runs of the tiny model under torchrun
+@pytest.mark.slow(seconds=75)  # three runs of the tiny model under torchrun
 def test_sft_under_torchrun_resumes_under_torchrun_and_inits_an_rl_run(tmp_path):
     demos = tmp_path / "demos.jsonl"
     made = python(
@@ -139,7 +139,7 @@ def test_sft_under_torchrun_resumes_under_torchrun_and_inits_an_rl_run(tmp_path)
     assert init.returncode == 0, init.stderr[-3000:]
 
 
-@pytest.mark.slow  # two torchrun jobs of the tiny model, and the shared uninterrupted one
+@pytest.mark.slow(seconds=70)  # two torchrun jobs, and the shared uninterrupted one
 def test_kill_9_of_a_serving_rank_stops_the_job_and_resume_is_exact(tmp_path, whole):
     config, uninterrupted, _ = whole
     run = tmp_path / "killed"

