@@ -154,13 +154,18 @@ PLOTS: tuple[PlotSpec, ...] = (
     ),
     PlotSpec(
         "timing",
-        "Step time by phase and sampling throughput",
+        "Step time by phase, sampling throughput and memory",
         (
             Panel("seconds per step", prefix="time/", exclude=("time/step_s",), ylabel="seconds"),
             Panel(
                 "sampling throughput",
                 (("rollout/tokens_per_s", "sampled tokens/s"),),
                 ylabel="tokens / s",
+            ),
+            Panel(
+                "driver process memory",
+                (("memory/rss_gb", "resident after the step"), ("memory/peak_rss_gb", "peak")),
+                ylabel="GB",
             ),
         ),
     ),

@@ -121,6 +121,28 @@ class Phases:
         return out
 
 
+def memory_metrics() -> dict[str, float]:
+    """This process's resident memory after the step and its peak so far, in GB.
+
+    A leak shows as ``memory/rss_gb`` rising step after step (as the sampler's
+    batch buffers once did, ``backends/local/kv.py``); on a remote backend the
+    figures are the driver's own.
+    """
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out = {"memory/peak_rss_gb": peak / (1e9 if sys.platform == "darwin" else 1e6)}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    out["memory/rss_gb"] = int(line.split()[1]) / 1e6  # kB
+    except OSError:  # no /proc (macOS): the peak only
+        pass
+    return out
+
+
 def service_options(config: RunConfig) -> dict[str, Any]:
     """What :func:`~retool.backends.service_client` passes to a backend that picks its
     dtypes on this host: the run's workload, which ``model.dtype = "auto"`` measures."""
@@ -433,6 +455,7 @@ class Session:
     ) -> None:
         """The step's rollouts file, then its metrics line (the step's commit point)."""
         metrics.update(phases.metrics())
+        metrics.update(memory_metrics())
         metrics.update(self.spend.metrics(tokens, step, self.cfg.steps))
         self.run.complete_step(step, metrics, records)
         self.spend.add(tokens)
