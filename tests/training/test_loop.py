@@ -67,6 +67,9 @@ def test_each_step_takes_one_optimizer_step_and_changes_the_weights(tmp_path):
     assert all(m["train/datums"] > 0 and m["train/loss_tokens"] > 0 for m in metrics)
     for key in ("time/rollout_s", "time/training_s", "time/checkpoint_s", "reward/mean"):
         assert key in metrics[0]
+    for m in metrics:  # this process's memory: resident after the step, and its peak so far
+        assert 0.05 < m["memory/rss_gb"] <= m["memory/peak_rss_gb"] < 1000
+    assert metrics[1]["memory/peak_rss_gb"] >= metrics[0]["memory/peak_rss_gb"]
     first, second = final_weights(run.path, 1), final_weights(run.path, 2)
     assert any(not torch.equal(first[k], second[k]) for k in first)
     records = [json.loads(line) for line in run.manifest_path.read_text().splitlines()]

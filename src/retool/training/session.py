@@ -131,15 +131,16 @@ def memory_metrics() -> dict[str, float]:
     import resource
     import sys
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    out = {"memory/peak_rss_gb": peak / (1e9 if sys.platform == "darwin" else 1e6)}
-    try:
+    out: dict[str, float] = {}
+    try:  # first, so that the peak read after it is never below it
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
-                    out["memory/rss_gb"] = int(line.split()[1]) / 1e6  # kB
+                    out["memory/rss_gb"] = int(line.split()[1]) * 1024 / 1e9  # kB (KiB)
     except OSError:  # no /proc (macOS): the peak only
         pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out["memory/peak_rss_gb"] = peak * (1 if sys.platform == "darwin" else 1024) / 1e9
     return out
 
 

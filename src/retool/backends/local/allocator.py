@@ -17,7 +17,9 @@ grew: measured on 2026-12-04, two 1-step RL runs in one process left RSS at
 1.66 and then 2.42 GB with no tensor alive, and ``make demo``'s process peaked
 at 15.1 GB where no phase alone took more than 8.6. :func:`release_free_memory`
 (``malloc_trim(0)``, every heap) after such a phase brought it back to 0.65 GB
-after each of the two runs.
+after each of the two runs. A sampling client calls it when it closes (the end of an RL
+step's rollout, an evaluation): on 2026-12-07 six RL steps of the long demo's config
+went from 3.0 to 8.0 GB of RSS without that, 2.8 to 3.2 GB with it.
 """
 
 from __future__ import annotations
