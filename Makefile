@@ -65,7 +65,7 @@ demo: setup
 	$(VENV)/bin/retool demo --config configs/demo.toml
 
 # The long demo (configs/demo-long.toml): the same method, an epoch of SFT, 16 RL steps
-# with a learning curve, every held-out problem evaluated; about 45 minutes on 2 cores.
+# with a learning curve, every held-out problem evaluated; 35-45 minutes on 2 cores.
 demo-long: setup
 	$(VENV)/bin/retool demo --config configs/demo-long.toml
 
