@@ -28,6 +28,8 @@ the last completed step on any other exit when the weights are consistent.
 from __future__ import annotations
 
 import contextlib
+import resource
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -128,9 +130,6 @@ def memory_metrics() -> dict[str, float]:
     batch buffers once did, ``backends/local/kv.py``); on a remote backend the
     figures are the driver's own.
     """
-    import resource
-    import sys
-
     out: dict[str, float] = {}
     try:  # first, so that the peak read after it is never below it
         with open("/proc/self/status", encoding="ascii") as status:
