@@ -113,6 +113,20 @@ def test_settings_the_demo_cannot_honour_are_refused_before_anything_runs(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_training_on_the_varied_split_refuses_evaluating_on_the_problems_it_rephrases(
+    tmp_path, capsys
+):
+    varied = 'data.train="demo:varied"'
+    on_train = 'demo.eval_dataset="demo:train"'
+    code = main(["demo", "--output", str(tmp_path), *_sets([*TINY, varied, on_train])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "demo.eval_dataset" in err
+    assert list(tmp_path.iterdir()) == []
+    # with the held-out splits it passes the checks: the self-check runs and nothing is written
+    code = main(["demo", "--check-only", "--output", str(tmp_path), *_sets([*TINY, varied])])
+    assert code == 0 and list(tmp_path.iterdir()) == []
+
+
 def test_quick_settings_win_over_the_config_and_set():
     config = quick(load_config("configs/demo.toml", TINY))  # TINY sets every QUICK key
     assert {key: getattr(config.demo, key) for key in QUICK} == QUICK

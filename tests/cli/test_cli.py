@@ -74,7 +74,7 @@ def test_malformed_parquet_is_one_line_and_exit_2(tmp_path):
 def test_prepare_demo_writes_splits(tmp_path, capsys):
     assert main(["prepare-data", "demo", "--output-dir", str(tmp_path)]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["dev.jsonl", "paraphrase.jsonl", "test.jsonl", "train.jsonl"]
+    assert names == ["dev.jsonl", "paraphrase.jsonl", "test.jsonl", "train.jsonl", "varied.jsonl"]
     assert "wrote 240 train examples" in capsys.readouterr().out
 
 

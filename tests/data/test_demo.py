@@ -17,6 +17,7 @@ from retool.data.demo import (
     generate_splits,
     is_held_out,
     ordinal,
+    vary,
     words,
 )
 from retool.errors import ConfigError
@@ -124,9 +125,10 @@ def test_every_template_renders_an_answer_the_reward_accepts_and_the_solution_pr
     cases = []
     for family in FAMILIES:
         for variant in family.variants:
-            for j, template in enumerate(variant.templates):
+            for j, template in enumerate((*variant.templates, *variant.extra)):
                 draw = variant.draw(random.Random(f"{variant.name}/{j}"))
                 question = template.format(**draw.fields)
+                assert "{" not in question.replace("{{", "") or "$" in question, question
                 cases.append((question, draw))
     script = "\n".join(f"exec({draw.solution!r}, {{}})" for _, draw in cases)
     printed = subprocess.run(
@@ -140,6 +142,55 @@ def test_every_template_renders_an_answer_the_reward_accepts_and_the_solution_pr
         [f"\\boxed{{{d.answer + 1}}}" for _, d in cases[:7]], [d.answer for _, d in cases[:7]]
     )
     assert not any(s.correct for s in wrong)
+
+
+def _words(template: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", re.sub(r"\{[^}]*\}", "", template.lower())))
+
+
+def test_extra_phrasings_are_new_and_share_at_most_half_their_words_with_a_held_out_one():
+    """The rule the extras were kept by (2026-12-07): written without sight of the held-out
+    phrasings, then any sharing half its words with one was dropped (9 of 70, one of them
+    word for word): the paraphrase split must stay phrasings training never saw."""
+    held = [
+        t for f in FAMILIES for v in f.variants for j, t in enumerate(v.templates) if is_held_out(j)
+    ]
+    everything = [t for f in FAMILIES for v in f.variants for t in (*v.templates, *v.extra)]
+    assert len(set(everything)) == len(everything)
+    for family in FAMILIES:
+        for variant in family.variants:
+            assert len(variant.extra) >= 3, variant.name
+            fields = set(variant.draw(random.Random(0)).fields)
+            for text in variant.extra:
+                used = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+                assert used <= fields, (variant.name, text)
+                for other in held:
+                    a, b = _words(text), _words(other)
+                    assert len(a & b) / len(a | b) < 0.5, (text, other)
+
+
+def test_the_varied_split_asks_the_train_problems_in_more_ways():
+    train, varied = demo_problems("train"), demo_problems("varied")
+    assert varied == vary(train) == vary(generate_splits()["train"])  # pure, no other input
+    assert len(varied) == len(train) == 240
+    labels = {
+        variant.name: dict(variant.training_phrasings())
+        for family in FAMILIES
+        for variant in family.variants
+    }
+    held = _templates(held_out=True)
+    for i, (old, new) in enumerate(zip(train, varied, strict=True)):
+        assert new.id == f"demo-varied-{i:04d}"
+        same = ("family", "variant", "answer", "solution", "first_try", "repair", "fields")
+        assert all(getattr(old, name) == getattr(new, name) for name in same)
+        template = labels[new.variant][new.template]  # a training phrasing, extras included
+        assert new.question == template.format(**dict(new.fields))
+        assert _writers(new.question, held) == [], new.question
+    extras = [p.template for p in varied if "/x" in p.template]
+    assert len(extras) >= len(varied) // 4  # the extras are a large share of the pool
+    assert len(set(extras)) >= sum(len(v.extra) for f in FAMILIES for v in f.variants) // 2
+    assert sum(a.question != b.question for a, b in zip(train, varied, strict=True)) > 160
+    assert vary(train, seed=1) != varied
 
 
 def test_first_tries_fail_as_their_repair_says():

@@ -48,7 +48,7 @@ from retool.cli import report as report_command
 from retool.cli import sft, train
 from retool.cli.common import Parser, add_config_options
 from retool.config import RunConfig, load_config
-from retool.data.demo import HELD_OUT_SPLITS, demo_problems
+from retool.data.demo import HELD_OUT_SPLITS, VARIED, demo_problems
 from retool.data.files import check_output_dir
 from retool.diagnostics.selfcheck import run_selfcheck
 from retool.errors import ConfigError
@@ -198,13 +198,19 @@ def _check(config: RunConfig) -> None:
             f"data.train = {config.data.train!r} is a held-out split of the demo (its "
             'evaluations use it): train on "demo:train"'
         )
+    problems = _DRAWN_FROM.get(split, split)
     for key, spec in _held_out(config):
         name, _, eval_split = spec.partition(":")
-        if name == "demo" and (eval_split or "test") == split:
+        eval_split = eval_split or "test"
+        if name == "demo" and _DRAWN_FROM.get(eval_split, eval_split) == problems:
             raise ConfigError(
-                f"demo.{key} = {spec!r} is the training split ({config.data.train!r}): "
+                f"demo.{key} = {spec!r} asks the problems training uses ({config.data.train!r}): "
                 "evaluate on held-out problems (demo:test, demo:paraphrase or demo:dev)"
             )
+
+
+# A derived split asks the problems of the split it rephrases (data/demo.py, ``vary``).
+_DRAWN_FROM = {VARIED: "train"}
 
 
 def _held_out(config: RunConfig) -> list[tuple[str, str]]:

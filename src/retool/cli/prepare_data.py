@@ -14,7 +14,7 @@ from pathlib import Path
 
 from retool.cli.common import add_number
 from retool.data.dapo import prepare_dapo_math
-from retool.data.demo import SPLITS, demo_examples
+from retool.data.demo import ALL_SPLITS, demo_examples
 from retool.data.examples import write_jsonl
 from retool.data.files import staged_output
 
@@ -76,12 +76,12 @@ def _run_dapo(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    names = [f"{split}.jsonl" for split in SPLITS]
+    names = [f"{split}.jsonl" for split in ALL_SPLITS]
     counts = {}
     with staged_output(args.output_dir, flag="--output-dir", names=names) as staged:
-        for split in SPLITS:
+        for split in ALL_SPLITS:
             counts[split] = write_jsonl(staged.path(f"{split}.jsonl"), demo_examples(split))
-    for split in SPLITS:
+    for split in ALL_SPLITS:
         print(f"wrote {counts[split]} {split} examples to {args.output_dir / f'{split}.jsonl'}")
     _replaced(args.output_dir, staged.replaced)
     return 0

@@ -131,8 +131,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demos.add_argument(
         "--dataset",
         default="demo:train",
-        help="demo:train or demo:dev: only the bundled demo set carries reference solutions "
-        "(bare demo is the test split, held out)",
+        help="demo:train, demo:varied (train's problems asked more ways) or demo:dev: only "
+        "the bundled demo set carries reference solutions (bare demo is the test split, "
+        "held out)",
     )
     demos.add_argument("--output", required=True, metavar="FILE", help="the JSONL file to write")
     add_number(demos, "--limit", low=1, high=10**7, help="at most N problems (default: all)")
@@ -161,7 +162,7 @@ def _demo_split(spec: str) -> str:
     if name != "demo":
         raise ConfigError(
             f"--dataset {spec}: make-demos needs reference solutions, which only the bundled "
-            "demo dataset has (demo:train or demo:dev)"
+            "demo dataset has (demo:train, demo:varied or demo:dev)"
         )
     if not split:
         # bare `demo` is the test split for every command (eval, rollout, data.train)

@@ -27,6 +27,15 @@ the ``paraphrase`` split; ``train``, ``dev`` and ``test`` use only the others
 phrasings). Nothing that trains or chooses settings may read ``test`` or
 ``paraphrase`` (``retool sft make-demos`` refuses both).
 
+**The varied split.** ``varied`` is not drawn: it is the ``train`` split's
+problems (the same numbers, answers and solutions), each rephrased by a
+phrasing drawn uniformly from its variant's training phrasings *and* its
+``extra`` ones (:func:`vary`, an RNG of its own). The extras were added on
+2026-12-07 to test whether RL on more ways of asking transfers to phrasings it
+never saw (issue 43); they were written without sight of the held-out
+phrasings, are never held out and never used by ``train``, ``dev`` or
+``test``, so every split measured before stays what it was.
+
 **Purity.** The dataset is a pure function of its seed (:func:`generate_splits`;
 :data:`DEMO_SEED` for the bundled one): one RNG draws the splits in the order
 of :data:`SPLIT_SIZES`, problem ``i`` of a split comes from family ``i mod 7``
@@ -38,6 +47,7 @@ Nothing is downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -55,6 +65,9 @@ SPLIT_SIZES = {"train": 240, "dev": 40, "test": 40, "paraphrase": 120}
 SPLITS = tuple(SPLIT_SIZES)
 HELD_OUT_SPLITS = ("paraphrase",)  # drawn from the held-out templates only
 HELD_OUT_EVERY = 4  # template j of a variant is held out when j % 4 == 3
+# Derived, not drawn: the train split's problems rephrased from a wider pool (:func:`vary`).
+VARIED = "varied"
+ALL_SPLITS = (*SPLITS, VARIED)
 
 
 def is_held_out(index: int) -> bool:
@@ -75,6 +88,7 @@ class DemoProblem:
     solution: str  # Python code that prints ``answer``
     first_try: str  # plausible code that raises an error (a missing import, a wrong function)
     repair: str  # one sentence naming what went wrong with ``first_try`` and the fix
+    fields: tuple[tuple[str, str], ...] = ()  # the template placeholders that wrote it
 
     def to_example(self) -> MathExample:
         return MathExample(
@@ -102,6 +116,18 @@ class Variant:
     name: str
     draw: Callable[[random.Random], Draw]
     templates: tuple[str, ...]
+    # Training-only phrasings (the ``varied`` split's, see the module docstring): never
+    # held out and never used by train/dev/test, so those splits stay as measured.
+    extra: tuple[str, ...] = ()
+
+    def training_phrasings(self) -> list[tuple[str, str]]:
+        """``(label, template)`` of every phrasing training may use: the variant's
+        non-held-out templates (``"<variant>/<j>"``) and its extras (``"<variant>/x<i>"``)."""
+        return [
+            (f"{self.name}/{j}", text)
+            for j, text in enumerate(self.templates)
+            if not is_held_out(j)
+        ] + [(f"{self.name}/x{i}", text) for i, text in enumerate(self.extra)]
 
 
 @dataclass(frozen=True)
@@ -222,6 +248,15 @@ PRODUCT = Family(
                 "altogether?",
                 "Evaluate the product ${a} \\times {b}$ and give the result as an integer.",
             ),
+            extra=(
+                "Evaluate ${a} \\times {b}$ as an exact integer.",
+                "A factory turns out {b_sep} bolts every day. How many bolts does it produce in "
+                "{a_sep} days?",
+                "An orchard is planted in {a} rows with {b} trees in every row. How many trees "
+                "grow in the orchard?",
+                "Calculate {a} times {b}.",
+                "Suppose $x = {a}$ and $y = {b}$. Find the value of $xy$.",
+            ),
         ),
         Variant(
             "product3",
@@ -232,6 +267,16 @@ PRODUCT = Family(
                 "A crate holds {a} boxes, each box holds {b} packs and each pack holds {c} "
                 "sheets. How many sheets does the crate hold?",
                 "Multiply together {a}, {b} and {c}. What is the result?",
+            ),
+            extra=(
+                "Evaluate the product ${a} \\cdot {b} \\cdot {c}$.",
+                "A warehouse has {a_sep} pallets; each pallet carries {b_sep} cartons, and each "
+                "carton holds {c_sep} cans. How many cans are in the warehouse?",
+                "A solid block is built from unit cubes and measures {a} by {b} by {c} cubes. How"
+                " many unit cubes does it contain?",
+                "Multiply {a}, {b} and {c} together.",
+                "A bus makes {a} trips, carries {b} passengers on every trip, and each passenger "
+                "pays a fare of {c} cents. How many cents are collected in total?",
             ),
         ),
     ),
@@ -287,6 +332,17 @@ MODPOW = Family(
                 "at the end?",
                 "Determine the value of ${b}^{{{e}}}$ modulo ${m}$.",
             ),
+            extra=(
+                "Evaluate ${b}^{{{e}}} \\pmod{{{m}}}$, giving the least non-negative residue.",
+                "Raise {b} to the power {e} and reduce the result modulo {m}.",
+                "A bacterial culture starts as one cell and its size is multiplied by {b} every "
+                "hour. The lab display only shows the count modulo {m_sep}. What does it show "
+                "after {e_sep} hours?",
+                "Find the integer $r$ with $0 \\le r < {m}$ such that $r \\equiv {b}^{{{e}}} "
+                "\\pmod{{{m}}}$.",
+                "A secret code is made by raising {b} to the power {e_sep} and keeping only the "
+                "remainder after division by {m_sep}. What is the code?",
+            ),
         ),
         Variant(
             "modpow_sum",
@@ -296,6 +352,17 @@ MODPOW = Family(
                 "Compute $({b}^{{{e}}} + {c}^{{{f}}}) \\bmod {m}$.",
                 "Find the sum of {b} to the power {e} and {c} to the power {f}, modulo {m}.",
                 "Add ${b}^{{{e}}}$ and ${c}^{{{f}}}$, then divide by {m}. What is the remainder?",
+            ),
+            extra=(
+                "Find the least non-negative residue of ${b}^{{{e}}} + {c}^{{{f}}}$ modulo {m}.",
+                "Reduce {b}**{e} + {c}**{f} modulo {m}.",
+                "A lock's combination is found by adding {b} to the power {e} and {c} to the "
+                "power {f}, then taking the remainder on division by {m}. What is the "
+                "combination?",
+                "A circular dial has {m} positions labelled 0, 1, 2, and so on. Starting at 0, it"
+                " is turned forward {b}^{e} steps and then another {c}^{f} steps. At which "
+                "position does it stop?",
+                "Let $A = {b}^{{{e}}}$ and $B = {c}^{{{f}}}$. What is $(A + B) \\bmod {m}$?",
             ),
         ),
     ),
@@ -348,6 +415,15 @@ DIGIT_SUM = Family(
                 "If you raise {b_word} to the {e_ord} power and sum the digits of the result, "
                 "what do you get?",
             ),
+            extra=(
+                "Take the {e_ord} power of {b_word} and add together its decimal digits. What do "
+                "you get?",
+                "A calculator with an unlimited display computes {b} raised to the power {e}. If "
+                "you add up every digit on the screen, what total do you get?",
+                "A bookkeeper copies out the full decimal expansion of {b_word} to the {e_ord} "
+                "power and then totals its digits. What sum does she find?",
+                "Let $S$ denote the sum of the base-10 digits of ${b}^{{{e}}}$. Find $S$.",
+            ),
         ),
         Variant(
             "digit_sum_product",
@@ -357,6 +433,13 @@ DIGIT_SUM = Family(
                 "Multiply {a} by {b} and add up the digits of the product. What is the sum?",
                 "Compute the digit sum of the product of {a_sep} and {b_sep}.",
                 "Take the product of {a} and {b}, then report the sum of its digits.",
+            ),
+            extra=(
+                "A cashier multiplies {a_sep} by {b_sep} and then adds up the digits of the "
+                "result as a check. What total does she get?",
+                "A puzzle book asks readers to multiply {a} and {b}, then add together every "
+                "digit of the answer. What number should readers end up with?",
+                "If $P = {a} \\times {b}$, what is the sum of the decimal digits of $P$?",
             ),
         ),
     ),
@@ -409,6 +492,15 @@ PRIME_COUNT = Family(
                 "A sieve marks every prime number below {n}. How many numbers does it mark?",
                 "Determine the count of prime numbers under {n}.",
             ),
+            extra=(
+                "Determine the number of primes $p$ satisfying $2 \\le p \\le {n1}$.",
+                "Count the prime numbers smaller than {n_sep}.",
+                "A collector wants one postage stamp for every prime number below {n}. How many "
+                "stamps does she need?",
+                "Raffle tickets are numbered 1 through {n1}, and a prize goes to every ticket "
+                "whose number is prime. How many tickets win a prize?",
+                "Of all the positive integers under {n}, how many are primes?",
+            ),
         ),
         Variant(
             "prime_count_between",
@@ -418,6 +510,14 @@ PRIME_COUNT = Family(
                 "Count the primes $p$ with ${a} \\le p \\le {b}$.",
                 "How many of the integers from {a_sep} to {b_sep} (both included) are prime?",
                 "Find the number of primes in the closed interval $[{a}, {b}]$.",
+            ),
+            extra=(
+                "Count the primes from {a} to {b}, endpoints included.",
+                "House numbers on a long street run from {a_sep} to {b_sep}, every number used "
+                "once. How many of these house numbers are prime?",
+                "Race bibs are numbered consecutively from {a} up to and including {b}. A bib is "
+                "lucky if its number is prime. How many lucky bibs are there?",
+                "Including both endpoints, how many primes lie between {a_sep} and {b_sep}?",
             ),
         ),
     ),
@@ -472,6 +572,16 @@ GCD_LCM = Family(
                 "piece, in cm?",
                 "Determine $\\operatorname{{gcd}}({b}, {a})$.",
             ),
+            extra=(
+                "Give the GCD of {a_sep} and {b_sep}.",
+                "A baker shares {a} cookies and {b} muffins among identical gift bags, with "
+                "nothing left over. What is the greatest number of bags she can fill?",
+                "A floor measuring {a} cm by {b} cm is to be covered exactly by identical square "
+                "tiles with whole-centimetre sides, without cutting. What is the largest possible"
+                " tile side, in cm?",
+                "Let $d$ be the largest positive integer with $d \\mid {a}$ and $d \\mid {b}$. What"
+                " is $d$?",
+            ),
         ),
         Variant(
             "lcm",
@@ -485,6 +595,16 @@ GCD_LCM = Family(
                 "Two lights blink every {a} seconds and every {b} seconds, and they just "
                 "blinked together. After how many seconds will they next blink together?",
                 "Determine the LCM of {b} and {a}.",
+            ),
+            extra=(
+                "What is the smallest positive integer $N$ such that ${a} \\mid N$ and ${b} \\mid "
+                "N$?",
+                "Two buses leave a depot together; one returns every {a} minutes and the other "
+                "every {b} minutes. After how many minutes are both back at the depot together "
+                "for the first time?",
+                "Hot dogs come in packs of {a} and buns in packs of {b}. What is the smallest "
+                "positive number of hot dogs you can buy so that you can also buy exactly as many"
+                " buns?",
             ),
         ),
     ),
@@ -545,6 +665,16 @@ BASE_CONVERSION = Family(
                 "is that?",
                 "Find the base-ten value of {w} read in base {base_word}.",
             ),
+            extra=(
+                "Express the base-{base} number ${w}_{{{base}}}$ in base ten.",
+                "Turn {w} (base {base}) into decimal.",
+                "An old odometer counts in base {base_word} and currently reads {w}. What is that"
+                " reading in our usual decimal system?",
+                "A scribe records the size of a herd as {w}, using a base-{base} number system. "
+                "How many animals are in the herd, written in base 10?",
+                "Reading {w} as a base-{base} numeral, what integer does it represent? Answer in "
+                "decimal.",
+            ),
         ),
         Variant(
             "base_from_decimal",
@@ -555,6 +685,15 @@ BASE_CONVERSION = Family(
                 "Convert the decimal number {v} to base {base_word}; answer with the digits as "
                 "one number.",
                 "Express {v} in base {base} and give the resulting string of digits as one number.",
+            ),
+            extra=(
+                "Convert {v_sep} to base {base}. Answer with the digit string as a single number.",
+                "A computer stores numbers in base {base_word}. How does it write the decimal "
+                "number {v}? Give the digits as one number.",
+                "Aliens who count in base {base} see a pile of {v_sep} pebbles. What numeral do "
+                "they write for it? Give its digits as one number.",
+                "Rewrite {v} using base-{base} digits. What digit string results, read as one "
+                "number?",
             ),
         ),
     ),
@@ -606,6 +745,17 @@ COMBINATORICS = Family(
                 "Find the number of ways to select {k_word} cards from {n} different cards "
                 "when the order does not matter.",
             ),
+            extra=(
+                "Find $C({n}, {k})$, the number of combinations of {n} objects taken {k} at a "
+                "time.",
+                "A pizzeria offers {n} different toppings. How many different pizzas with exactly"
+                " {k_word} distinct toppings can be ordered?",
+                "A hiker wants to pack {k_word} of her {n} different snacks for a trip. How many "
+                "different selections can she make?",
+                "Count the combinations of {k} items from {n}.",
+                "A lottery ticket requires picking {k} different numbers from 1 to {n}, in any "
+                "order. How many distinct tickets are possible?",
+            ),
         ),
         Variant(
             "permutations",
@@ -619,6 +769,15 @@ COMBINATORICS = Family(
                 "A race has {n} runners. In how many ways can the first {m_word} places be filled?",
                 "How many ordered sequences of {m} different items can be chosen from {n} items?",
                 "Find $\\frac{{{n}!}}{{({n}-{m})!}}$.",
+            ),
+            extra=(
+                "A code is made of {m} different symbols chosen from an alphabet of {n} symbols, "
+                "with no repeats and order mattering. How many codes are possible?",
+                "Compute the falling factorial ${n}^{{\\underline{{{m}}}}} = "
+                "{n}({n}-1)\\cdots({n}-{m}+1)$.",
+                "Count the ordered selections of {m} from {n} distinct objects.",
+                "A DJ has {n} distinct songs and wants to play {m_word} of them in sequence, none"
+                " repeated. How many different playlists are possible?",
             ),
         ),
     ),
@@ -636,52 +795,101 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def generate_splits(
-    seed: int = DEMO_SEED, sizes: Mapping[str, int] = SPLIT_SIZES
-) -> dict[str, list[DemoProblem]]:
-    """Every split, a pure function of ``seed`` and ``sizes`` (see the module docstring).
-
-    ``sizes`` exists so a test can show that growing a split keeps what came before it.
-    """
+def _draw_splits(
+    seed: int, sizes: Mapping[str, int]
+) -> dict[str, list[tuple[DemoProblem, Variant, Draw]]]:
+    """Every split's problems with the variant and the numbers that wrote each."""
     rng = random.Random(seed)
     seen: set[tuple[object, ...]] = set()
-    splits: dict[str, list[DemoProblem]] = {}
+    splits: dict[str, list[tuple[DemoProblem, Variant, Draw]]] = {}
     for name in SPLITS:
-        problems: list[DemoProblem] = []
-        while len(problems) < sizes[name]:
-            family = FAMILIES[len(problems) % len(FAMILIES)]
+        drawn: list[tuple[DemoProblem, Variant, Draw]] = []
+        while len(drawn) < sizes[name]:
+            family = FAMILIES[len(drawn) % len(FAMILIES)]
             variant, j = rng.choice(family.templates(held_out=name in HELD_OUT_SPLITS))
             draw = variant.draw(rng)
             key = (variant.name, *draw.key)
             if key in seen:  # splits must not share a problem, however phrased
                 continue
             seen.add(key)
-            problems.append(
-                DemoProblem(
-                    id=f"demo-{name}-{len(problems):04d}",
-                    family=family.name,
-                    variant=variant.name,
-                    template=f"{variant.name}/{j}",
-                    question=variant.templates[j].format(**draw.fields),
-                    answer=draw.answer,
-                    solution=draw.solution,
-                    first_try=draw.first_try,
-                    repair=draw.repair,
-                )
+            label, question = f"{variant.name}/{j}", variant.templates[j].format(**draw.fields)
+            drawn.append(
+                (_problem(name, len(drawn), family, variant, label, question, draw), variant, draw)
             )
-        splits[name] = problems
+        splits[name] = drawn
     return splits
+
+
+def _problem(
+    split: str,
+    index: int,
+    family: Family,
+    variant: Variant,
+    template: str,
+    question: str,
+    draw: Draw,
+) -> DemoProblem:
+    return DemoProblem(
+        id=f"demo-{split}-{index:04d}",
+        family=family.name,
+        variant=variant.name,
+        template=template,
+        question=question,
+        answer=draw.answer,
+        solution=draw.solution,
+        first_try=draw.first_try,
+        repair=draw.repair,
+        fields=tuple(draw.fields.items()),
+    )
+
+
+def generate_splits(
+    seed: int = DEMO_SEED, sizes: Mapping[str, int] = SPLIT_SIZES
+) -> dict[str, list[DemoProblem]]:
+    """Every drawn split, a pure function of ``seed`` and ``sizes`` (see the module
+    docstring); the derived ``varied`` split is :func:`vary`'s.
+
+    ``sizes`` exists so a test can show that growing a split keeps what came before it.
+    """
+    return {
+        name: [problem for problem, _, _ in drawn]
+        for name, drawn in _draw_splits(seed, sizes).items()
+    }
+
+
+def vary(problems: list[DemoProblem], seed: int = DEMO_SEED) -> list[DemoProblem]:
+    """``problems`` (of a training split) each rephrased by one of its variant's training
+    phrasings, extras included, drawn uniformly from an RNG of its own: the same numbers,
+    answers and solutions, more ways of asking."""
+    rng = random.Random(f"{seed}/varied")
+    variants = {variant.name: variant for family in FAMILIES for variant in family.variants}
+    varied = []
+    for index, problem in enumerate(problems):
+        variant = variants[problem.variant]
+        label, text = rng.choice(variant.training_phrasings())
+        varied.append(
+            dataclasses.replace(
+                problem,
+                id=f"demo-{VARIED}-{index:04d}",
+                template=label,
+                question=text.format(**dict(problem.fields)),
+            )
+        )
+    return varied
 
 
 @functools.lru_cache(maxsize=1)
 def _all_splits() -> dict[str, tuple[DemoProblem, ...]]:
-    return {name: tuple(problems) for name, problems in generate_splits(DEMO_SEED).items()}
+    splits = generate_splits(DEMO_SEED)
+    splits[VARIED] = vary(splits["train"], DEMO_SEED)
+    return {name: tuple(problems) for name, problems in splits.items()}
 
 
 def demo_problems(split: str = "train") -> list[DemoProblem]:
-    """All problems of one split (``train``, ``dev``, ``test`` or ``paraphrase``), in order."""
-    if split not in SPLIT_SIZES:
-        raise ConfigError(f"demo split must be one of {list(SPLITS)}, got {split!r}")
+    """All problems of one split (``train``, ``dev``, ``test``, ``paraphrase`` or
+    ``varied``), in order."""
+    if split not in ALL_SPLITS:
+        raise ConfigError(f"demo split must be one of {list(ALL_SPLITS)}, got {split!r}")
     return list(_all_splits()[split])
 
 
