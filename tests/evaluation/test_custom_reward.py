@@ -5,10 +5,13 @@ them again."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from retool.data import MathExample
 from retool.evaluation import evaluate, load_results, prepare_evaluation
+from retool.evaluation.tables import format_summary
 from retool.reward import load_reward_function
 from tests.builders import scripted_rollout
 from tests.rollout.fakes import ScriptedSampler, answer_text
@@ -52,10 +55,14 @@ def test_a_sample_the_custom_reward_fails_on_is_a_wrong_row(smol_tokenizer, tmp_
     rows = {(r["problem_id"], r["sample_index"]): r for r in results.rows}
     odd = rows.pop(("q1", 0))
     assert (odd["correct"], odd["format"], odd["excluded"]) == (False, False, False)
+    assert odd["unscored"] is True  # counted: the summary says how many had no verdict
     assert odd["error"].startswith("reward: ValueError: unexpected answer format")
     assert len(rows) == 3 and all(r["correct"] and r["error"] is None for r in rows.values())
+    assert not any(r["unscored"] for r in rows.values())
     assert (summary.samples, summary.average_at_n, summary.excluded_rate) == (4, 0.75, 0.0)
-    assert results.summary is not None
+    assert summary.unscored == 1 and results.summary is not None
+    assert results.summary["unscored"] == 1
+    assert re.search(r"unscored \(reward: no verdict\) +1 of 4\n", format_summary(summary))
 
 
 def test_a_custom_reward_that_fails_on_every_sample_stops_and_a_rerun_resamples(

@@ -37,6 +37,7 @@ SUMMARY_KEYS = {
     "wall_s",
     "tokens_per_s",
     "incomplete_problems",
+    "unscored",
     "ci_level",
     "bootstrap_resamples",
     "bootstrap_seed",

@@ -63,6 +63,7 @@ ROW_KEYS = (
     "sampled_tokens",  # tokens the model generated
     "stop_reason",  # StopReason value
     "excluded",  # ended by an infrastructure failure (counted as not correct)
+    "unscored",  # the reward reached no verdict (timed out, failed): counted as not correct
     "sandbox_calls",  # code executions (including ones whose output did not fit)
     "sandbox_errors",  # executions that failed (exception, non-zero exit, timeout, limits)
     "sandbox_timeouts",  # executions stopped at the time limit
@@ -114,6 +115,7 @@ def sample_row(
         "sampled_tokens": trajectory.sampled_tokens,
         "stop_reason": str(trajectory.stop_reason) if trajectory.stop_reason else None,
         "excluded": bool(trajectory.excluded),
+        "unscored": bool(trajectory.unscored),
         "sandbox_calls": len(observations),
         "sandbox_errors": sum(not o.ok for o in observations),
         "sandbox_timeouts": sum(o.error_kind == "timeout" for o in observations),
@@ -157,6 +159,7 @@ def check_row_types(record: Mapping[str, Any], where: str) -> None:
         ("problem_id", (str, int), "a string", True),
         ("problem_index", int, "an integer", False),
         ("session", int, "an integer", False),
+        ("unscored", bool, "true or false", False),
     )
     for key, kind, words, required in checks:
         if not required and key not in record:

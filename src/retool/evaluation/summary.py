@@ -17,7 +17,9 @@ problems that have all ``n`` samples:
   ``mean_code_calls``, ``mean_turns``, ``mean_tokens``
   (whole-trajectory length), ``mean_sampled_tokens``: means over all samples.
   Excluded samples (an infrastructure failure) count as not correct; their
-  share is ``excluded_rate``.
+  share is ``excluded_rate``. ``unscored``: samples whose answer the reward
+  could not judge (its check timed out or failed), counted as not correct; 0
+  for files written before the field existed.
 * ``stop_reasons``: the fraction of samples per stop reason (every reason listed).
 * ``sandbox_error_rate`` / ``sandbox_timeout_rate``: failed / timed-out code
   executions over all executions (``sandbox_calls``); 0 in text mode.
@@ -73,6 +75,7 @@ class EvalSummary:
     wall_s: float
     tokens_per_s: float
     incomplete_problems: int = 0  # problems without all n samples (left out of every number)
+    unscored: int = 0  # samples the reward reached no verdict on (counted as not correct)
     ci_level: float = CI_LEVEL
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
     bootstrap_seed: int = BOOTSTRAP_SEED
@@ -105,6 +108,7 @@ class EvalSummary:
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
             "incomplete_problems": self.incomplete_problems,
+            "unscored": self.unscored,
             "ci_level": self.ci_level,
             "bootstrap_resamples": self.bootstrap_resamples,
             "bootstrap_seed": self.bootstrap_seed,
@@ -126,6 +130,7 @@ class EvalSummary:
             f"{prefix}mean_turns": self.mean_turns,
             f"{prefix}mean_tokens": self.mean_tokens,
             f"{prefix}excluded_rate": self.excluded_rate,
+            f"{prefix}unscored": float(self.unscored),
             f"{prefix}sandbox_error_rate": self.sandbox_error_rate,
             f"{prefix}sandbox_timeout_rate": self.sandbox_timeout_rate,
             f"{prefix}problems": float(self.problems),
@@ -198,6 +203,7 @@ def summarize(rows: Iterable[Mapping[str, Any]], n: int) -> EvalSummary:
         sampled_tokens=sampled,
         wall_s=wall,
         tokens_per_s=sampled / wall if wall > 0 else 0.0,
+        unscored=sum(bool(r.get("unscored")) for r in kept),
         incomplete_problems=incomplete,
         per_problem=correct_counts,
     )

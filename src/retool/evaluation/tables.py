@@ -48,6 +48,7 @@ def format_summary(summary: EvalSummary) -> str:
     ]
     rows += [
         ("excluded (infrastructure)", _pct(summary.excluded_rate)),
+        ("unscored (reward: no verdict)", f"{summary.unscored} of {summary.samples}"),
         ("sandbox calls", str(summary.sandbox_calls)),
         ("sandbox error rate", _pct(summary.sandbox_error_rate)),
         ("sandbox timeout rate", _pct(summary.sandbox_timeout_rate)),

@@ -255,6 +255,7 @@ class _Batch:
         trajectory.correct = result.correct
         trajectory.valid_format = result.valid_format
         trajectory.answer = result.answer
+        trajectory.unscored = result.failed or result.timed_out
         self.counters.reward_timeouts += result.timed_out
         self.counters.reward_failures += result.failed
 

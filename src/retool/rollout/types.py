@@ -122,6 +122,9 @@ class Trajectory:
     correct: bool = False  # the boxed answer matched the reference
     valid_format: bool = False  # a complete \\boxed{} was found
     answer: str | None = None  # content of that box
+    # the reward reached no verdict (its check timed out, its worker died, a custom scorer
+    # raised): scored -1 like a wrong answer, and counted so a summary can say how many
+    unscored: bool = False
     advantage: float = 0.0  # group-centred reward; 0 for excluded trajectories
     stop_reason: StopReason | None = None  # why it ended; set on every ended trajectory
     error: str | None = None  # the last infrastructure, text or reward error
