@@ -8,6 +8,7 @@ import pytest
 from retool.cli import main
 from retool.cli.demo import QUICK, _held_out, _plan, quick
 from retool.config import load_config
+from retool.data.demo import demo_problems
 
 TINY = [
     'model.base_model="tiny-random"',
@@ -220,3 +221,30 @@ def test_the_demo_says_what_its_sample_can_show_and_points_to_the_long_run():
     assert "make demo-long" not in what_it_shows("demo:paraphrase", pair(-0.02, 0.1, 120), 120)
     assert "above 0, RL's gain holds" in what_it_shows("demo:test", pair(0.01, 0.1), 40)
     assert "below 0" in what_it_shows("demo:test", pair(-0.2, -0.01), 40)
+
+
+def test_on_unseen_phrasings_the_demo_also_resamples_whole_phrasings():
+    from retool.cli.demo import _phrasings, what_it_shows
+    from retool.evaluation import Comparison, ProblemPair
+
+    mapped = _phrasings("demo:paraphrase")
+    assert mapped == {p.id: p.template for p in demo_problems("paraphrase")}
+    assert _phrasings("demo:test") is None and _phrasings("data/paraphrase.jsonl") is None
+    # 4 phrasings x 10 problems: RL gained a sample on three phrasings, lost both on one
+    pairs = tuple(
+        ProblemPair(f"q{t}-{i}", *((2, 0) if t == 3 else (0, 1)))
+        for t in range(4)
+        for i in range(10)
+    )
+    phrasings = {pair.problem_id: pair.problem_id.split("-")[0] for pair in pairs}
+    compared = Comparison(
+        a="sft.jsonl", b="rl.jsonl", n=2, problems=40, left_out_a=0, left_out_b=0,
+        average_at_n_a=0.25, average_at_n_b=0.375, difference=0.125,
+        difference_ci=(0.02, 0.25), p_value=0.04, p_value_method="exact", pass_at_n_a=0.25,
+        pass_at_n_b=0.75, solved_only_by_a=(), solved_only_by_b=(), pairs=pairs,
+    )  # fmt: skip
+    said = what_it_shows("demo:paraphrase", compared, 40, phrasings)
+    assert "above 0, RL's gain holds at this sample size (40 problems x 2 samples)" in said
+    assert "Resampling its 4 phrasings rather than its problems" in said
+    assert "which includes 0: 4 phrasings cannot show that the change carries over" in said
+    assert "phrasings" not in what_it_shows("demo:test", compared, 40)

@@ -10,6 +10,7 @@ import pytest
 
 from retool.evaluation.stats import (
     bootstrap_ci,
+    clustered_paired_bootstrap_ci,
     k_values,
     paired_bootstrap_ci,
     pass_at_k,
@@ -108,6 +109,28 @@ def test_sign_flip_extremes():
     p, method = sign_flip_p_value([0.1] * 30)
     assert method == "monte_carlo" and 0 < p < 1e-3
     assert sign_flip_p_value([0.1, -0.2] * 15) == sign_flip_p_value([0.1, -0.2] * 15)
+
+
+def test_resampling_clusters_widens_the_interval_when_a_cluster_moves_together():
+    # 4 phrasings x 10 problems: RL gained on three and lost everything on one. Over 40
+    # problems the gain looks sure; over 4 phrasings it is not.
+    gains = [1.0, 1.0, 1.0, -1.0]
+    a = [0.0 if g > 0 else 1.0 for g in gains for _ in range(10)]
+    b = [1.0 if g > 0 else 0.0 for g in gains for _ in range(10)]
+    clusters = [f"t{i}" for i in range(4) for _ in range(10)]
+    by_problem = paired_bootstrap_ci(a, b)
+    by_cluster = clustered_paired_bootstrap_ci(a, b, clusters)
+    assert by_problem[0] > 0  # 30 of 40 problems up
+    assert by_cluster[0] < 0 < 0.5 < by_cluster[1]  # 3 of 4 phrasings up: could be luck
+    assert by_cluster[1] - by_cluster[0] > 2 * (by_problem[1] - by_problem[0])
+    # problems each in a cluster of their own: the same kind of interval as over problems
+    alone = clustered_paired_bootstrap_ci(a, b, [str(i) for i in range(40)])
+    assert alone[0] > 0 and abs((alone[1] - alone[0]) - (by_problem[1] - by_problem[0])) < 0.1
+    # one cluster: nothing to resample; the mean, weighted by cluster size
+    assert clustered_paired_bootstrap_ci(a, b, ["t"] * 40) == (0.5, 0.5)
+    assert clustered_paired_bootstrap_ci([], [], []) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="differ in length"):
+        clustered_paired_bootstrap_ci(a, b, clusters[:3])
 
 
 def test_paired_bootstrap_ci():

@@ -53,6 +53,7 @@ from retool.data.files import check_output_dir
 from retool.diagnostics.selfcheck import run_selfcheck
 from retool.errors import ConfigError
 from retool.evaluation import Comparison, compare, load_eval_examples, load_results, summarize
+from retool.evaluation.stats import clustered_paired_bootstrap_ci
 from retool.training.run_dir import config_to_toml
 
 DEFAULT_CONFIG = Path("configs/demo.toml")
@@ -487,9 +488,17 @@ def _table(spec: str, evals: dict[str, Path]) -> None:
 LONG_RUN = "configs/demo-long.toml"
 
 
-def what_it_shows(spec: str, pair: Comparison, split_size: int) -> str:
-    """One sentence on what RL - SFT on ``spec`` can and cannot show at this sample size
-    (pointing to the long demo when fewer than the split's ``split_size`` were evaluated)."""
+def what_it_shows(
+    spec: str, pair: Comparison, split_size: int, phrasings: dict[str, str] | None = None
+) -> str:
+    """What RL - SFT on ``spec`` can and cannot show at this sample size (pointing to the
+    long demo when fewer than the split's ``split_size`` were evaluated).
+
+    ``phrasings`` (problem id -> the phrasing that wrote it) is given for the split of
+    unseen phrasings: its problems come from a few phrasings each, so besides the interval
+    over problems (these phrasings, new numbers) it reports the interval resampling whole
+    phrasings, the one a claim about phrasings not in the split rests on.
+    """
     low, high = pair.difference_ci
     size = f"{pair.problems} problems x {pair.n} samples"
     said = (
@@ -497,16 +506,44 @@ def what_it_shows(spec: str, pair: Comparison, split_size: int) -> str:
         f"[{low * 100:+.1f}, {high * 100:+.1f}]"
     )
     if low > 0:
-        return f"{said}: above 0, RL's gain holds at this sample size ({size})."
-    if high < 0:
-        return f"{said}: below 0, RL lost ground at this sample size ({size})."
-    said = f"{said}: it includes 0, so {size} cannot tell RL's change from sampling noise."
-    if pair.problems < split_size:
-        said += (
-            f" The long demo (make demo-long, {LONG_RUN}) evaluates every held-out problem "
-            "and draws a learning curve."
+        said = f"{said}: above 0, RL's gain holds at this sample size ({size})."
+    elif high < 0:
+        said = f"{said}: below 0, RL lost ground at this sample size ({size})."
+    else:
+        said = f"{said}: it includes 0, so {size} cannot tell RL's change from sampling noise."
+        if pair.problems < split_size:
+            said += (
+                f" The long demo (make demo-long, {LONG_RUN}) evaluates every held-out "
+                "problem and draws a learning curve."
+            )
+    if phrasings:
+        clusters = [phrasings[p.problem_id] for p in pair.pairs]
+        low, high = clustered_paired_bootstrap_ci(
+            [p.correct_a / pair.n for p in pair.pairs],
+            [p.correct_b / pair.n for p in pair.pairs],
+            clusters,
         )
+        count = len(set(clusters))
+        said += (
+            f" Resampling its {count} phrasings rather than its problems (for phrasings "
+            f"beyond these): [{low * 100:+.1f}, {high * 100:+.1f}]"
+        )
+        if low > 0 or high < 0:
+            said += ", above 0." if low > 0 else ", below 0."
+        else:
+            said += (
+                f", which includes 0: {count} phrasings cannot show that the change carries "
+                "over to phrasings in general."
+            )
     return said
+
+
+def _phrasings(spec: str) -> dict[str, str] | None:
+    """Problem id -> phrasing for a demo split of unseen phrasings, else ``None``."""
+    name, _, split = spec.partition(":")
+    if name != "demo" or split not in HELD_OUT_SPLITS:
+        return None
+    return {problem.id: problem.template for problem in demo_problems(split)}
 
 
 def _results(evals: dict[str, dict[str, Path]], root: Path, policy: Path | None) -> None:
@@ -521,7 +558,7 @@ def _results(evals: dict[str, dict[str, Path]], root: Path, policy: Path | None)
     for spec, files in evals.items():
         if "rl" in files and "sft" in files:
             paired, size = compare(files["sft"], files["rl"]), len(load_eval_examples(spec))
-            print(f"\n{what_it_shows(spec, paired, size)}")
+            print(f"\n{what_it_shows(spec, paired, size, _phrasings(spec))}")
     if policy is not None:
         report = root / "report"
         paths = [str(path) for files in evals.values() for path in files.values()]
