@@ -124,9 +124,13 @@ def _percentile_bootstrap(
         stop = min(resamples, start + chunk)
         picks = rng.integers(0, data.size, size=(stop - start, data.size))
         means[start:stop] = data[picks].mean(axis=1)
+    return _bracketing(means, float(data.mean()), tail)
+
+
+def _bracketing(means: np.ndarray, mean: float, tail: float) -> tuple[float, float]:
+    """The ``tail``/``1 - tail`` quantiles of resampled ``means``, widened to hold ``mean``:
+    a percentile interval of a mean always brackets it up to float error; make it exact."""
     low, high = np.quantile(means, [tail, 1.0 - tail])
-    # The percentile interval of a mean always brackets it up to float error; make it exact.
-    mean = float(data.mean())
     return min(float(low), mean), max(float(high), mean)
 
 
@@ -226,6 +230,4 @@ def clustered_paired_bootstrap_ci(
         stop = min(resamples, start + chunk)
         picks = rng.integers(0, len(names), size=(stop - start, len(names)))
         means[start:stop] = sums[picks].sum(axis=1) / sizes[picks].sum(axis=1)
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    mean = float(data.mean())
-    return min(float(low), mean), max(float(high), mean)
+    return _bracketing(means, float(data.mean()), tail)
