@@ -123,6 +123,14 @@ def test_training_on_the_varied_split_refuses_evaluating_on_the_problems_it_reph
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "demo.eval_dataset" in err
     assert list(tmp_path.iterdir()) == []
+    # nor may the learning curve measure the training problems
+    curve = ["train.eval_every=1", 'train.eval_dataset="demo:train"']
+    code = main(["demo", "--output", str(tmp_path), *_sets([*TINY, varied, *curve])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "train.eval_dataset" in err
+    code = main(["demo", "--output", str(tmp_path), *_sets([*TINY, *curve])])
+    assert code == 2 and "train.eval_dataset" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
     # with the held-out splits it passes the checks: the self-check runs and nothing is written
     code = main(["demo", "--check-only", "--output", str(tmp_path), *_sets([*TINY, varied])])
     assert code == 0 and list(tmp_path.iterdir()) == []
@@ -230,21 +238,29 @@ def test_on_unseen_phrasings_the_demo_also_resamples_whole_phrasings():
     mapped = _phrasings("demo:paraphrase")
     assert mapped == {p.id: p.template for p in demo_problems("paraphrase")}
     assert _phrasings("demo:test") is None and _phrasings("data/paraphrase.jsonl") is None
-    # 4 phrasings x 10 problems: RL gained a sample on three phrasings, lost both on one
+    # 5 phrasings x 8 problems: RL gained a sample on four phrasings, lost both on one
     pairs = tuple(
-        ProblemPair(f"q{t}-{i}", *((2, 0) if t == 3 else (0, 1)))
-        for t in range(4)
-        for i in range(10)
+        ProblemPair(f"q{t}-{i}", *((2, 0) if t == 4 else (0, 1)))
+        for t in range(5)
+        for i in range(8)
     )
     phrasings = {pair.problem_id: pair.problem_id.split("-")[0] for pair in pairs}
     compared = Comparison(
         a="sft.jsonl", b="rl.jsonl", n=2, problems=40, left_out_a=0, left_out_b=0,
-        average_at_n_a=0.25, average_at_n_b=0.375, difference=0.125,
-        difference_ci=(0.02, 0.25), p_value=0.04, p_value_method="exact", pass_at_n_a=0.25,
-        pass_at_n_b=0.75, solved_only_by_a=(), solved_only_by_b=(), pairs=pairs,
+        average_at_n_a=0.2, average_at_n_b=0.4, difference=0.2,
+        difference_ci=(0.05, 0.3), p_value=0.04, p_value_method="exact", pass_at_n_a=0.2,
+        pass_at_n_b=0.8, solved_only_by_a=(), solved_only_by_b=(), pairs=pairs,
     )  # fmt: skip
     said = what_it_shows("demo:paraphrase", compared, 40, phrasings)
     assert "above 0, RL's gain holds at this sample size (40 problems x 2 samples)" in said
-    assert "Resampling its 4 phrasings rather than its problems" in said
-    assert "which includes 0: 4 phrasings cannot show that the change carries over" in said
+    assert "Resampling its 5 phrasings rather than its problems" in said
+    assert "which includes 0: 5 phrasings cannot show that the change carries over" in said
+    # a problem the map lacks is a phrasing of its own, not a crash at the end of a run
+    del phrasings["q0-0"]
+    assert "Resampling its 6 phrasings" in what_it_shows("demo:paraphrase", compared, 40, phrasings)
+    # too few phrasings, or one problem each: nothing more to say than over problems
+    four = {pair.problem_id: min(pair.problem_id[:2], "q3") for pair in pairs}
+    assert "phrasings" not in what_it_shows("demo:paraphrase", compared, 40, four)
+    each = {pair.problem_id: pair.problem_id for pair in pairs}
+    assert "phrasings" not in what_it_shows("demo:paraphrase", compared, 40, each)
     assert "phrasings" not in what_it_shows("demo:test", compared, 40)

@@ -200,12 +200,16 @@ def _check(config: RunConfig) -> None:
             'evaluations use it): train on "demo:train"'
         )
     problems = _DRAWN_FROM.get(split, split)
-    for key, spec in _held_out(config):
+    curve = []  # the learning curve's dataset, when the RL phase draws one
+    if config.train.eval_every:
+        key = "train.eval_dataset" if config.train.eval_dataset else "data.dev"
+        curve.append((key, config.train.eval_dataset or config.data.dev))
+    for key, spec in [(f"demo.{k}", s) for k, s in _held_out(config)] + curve:
         name, _, eval_split = spec.partition(":")
         eval_split = eval_split or "test"
         if name == "demo" and _DRAWN_FROM.get(eval_split, eval_split) == problems:
             raise ConfigError(
-                f"demo.{key} = {spec!r} asks the problems training uses ({config.data.train!r}): "
+                f"{key} = {spec!r} asks the problems training uses ({config.data.train!r}): "
                 "evaluate on held-out problems (demo:test, demo:paraphrase or demo:dev)"
             )
 
@@ -486,6 +490,7 @@ def _table(spec: str, evals: dict[str, Path]) -> None:
 
 
 LONG_RUN = "configs/demo-long.toml"
+MIN_PHRASINGS = 5  # fewer phrasings than this: no interval over phrasings
 
 
 def what_it_shows(
@@ -495,9 +500,13 @@ def what_it_shows(
     long demo when fewer than the split's ``split_size`` were evaluated).
 
     ``phrasings`` (problem id -> the phrasing that wrote it) is given for the split of
-    unseen phrasings: its problems come from a few phrasings each, so besides the interval
+    unseen phrasings: each of its phrasings wrote several problems, so besides the interval
     over problems (these phrasings, new numbers) it reports the interval resampling whole
-    phrasings, the one a claim about phrasings not in the split rests on.
+    phrasings, the one a claim about phrasings not in the split rests on. Each phrasing
+    belongs to one family, so that resampling also varies the mix of families: with
+    family effects the interval errs wide, never narrow. It is left out with fewer than
+    :data:`MIN_PHRASINGS` phrasings (nothing to resample) or one problem per phrasing
+    (then it is the interval over problems again).
     """
     low, high = pair.difference_ci
     size = f"{pair.problems} problems x {pair.n} samples"
@@ -516,8 +525,8 @@ def what_it_shows(
                 f" The long demo (make demo-long, {LONG_RUN}) evaluates every held-out "
                 "problem and draws a learning curve."
             )
-    if phrasings:
-        clusters = [phrasings[p.problem_id] for p in pair.pairs]
+    clusters = [(phrasings or {}).get(p.problem_id, p.problem_id) for p in pair.pairs]
+    if phrasings and MIN_PHRASINGS <= len(set(clusters)) < len(clusters):
         low, high = clustered_paired_bootstrap_ci(
             [p.correct_a / pair.n for p in pair.pairs],
             [p.correct_b / pair.n for p in pair.pairs],

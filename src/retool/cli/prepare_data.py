@@ -53,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demo = kinds.add_parser(
         "demo",
         help="write the bundled demo dataset as JSONL",
-        description="Write the deterministic demo dataset (train/dev/test/paraphrase) as JSONL.",
+        description="Write the deterministic demo dataset (train/dev/test/paraphrase, and "
+        "varied: train's problems asked more ways) as JSONL.",
     )
     demo.add_argument("--output-dir", required=True, type=Path, help="where to write the splits")
     demo.set_defaults(handler=_run_demo)

@@ -168,7 +168,7 @@ def _demo_split(spec: str) -> str:
         # bare `demo` is the test split for every command (eval, rollout, data.train)
         raise ConfigError(
             "--dataset demo: bare `demo` is the demo's test split everywhere, held out for "
-            "evaluation; write demonstrations from demo:train (or demo:dev)"
+            "evaluation; write demonstrations from demo:train (or demo:varied, demo:dev)"
         )
     if split in ("test", *HELD_OUT_SPLITS):
         raise ConfigError(f"--dataset demo:{split}: the {split} split is held out for evaluation")

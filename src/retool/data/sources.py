@@ -1,8 +1,9 @@
 """Dataset specs as users write them: ``demo``, ``demo:<split>`` or a file path.
 
 ``demo`` alone is the bundled demo *test* split (the held-out one used for
-evaluation); ``demo:train``, ``demo:dev`` and ``demo:paraphrase`` (held-out
-phrasings) name the others. Anything else is
+evaluation); ``demo:train``, ``demo:dev``, ``demo:paraphrase`` (held-out
+phrasings) and ``demo:varied`` (train's problems asked more ways) name the others.
+Anything else is
 a ``.jsonl`` / ``.parquet`` file read by :func:`load_examples`.
 """
 

@@ -7,7 +7,9 @@ Why these choices:
   of 30 problems sampled 12 times holds 30 independent observations, not 360.
   A bootstrap over samples would report an interval several times too narrow.
   So every interval here resamples problems (with replacement) and recomputes
-  the statistic from their per-problem values.
+  the statistic from their per-problem values, or, where problems come in
+  clusters (the phrasings that wrote them), whole clusters
+  (:func:`clustered_paired_bootstrap_ci`).
 * **pass@k uses the unbiased estimator** of Chen et al. (2021, "Codex"):
   with ``n`` samples of which ``c`` are correct,
   ``pass@k = 1 - C(n - c, k) / C(n, k)``, the probability that ``k`` samples

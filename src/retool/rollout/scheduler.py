@@ -98,8 +98,9 @@ from retool.types import SamplerStop, SamplingClient, Sandbox
 
 log = logging.getLogger(__name__)
 
-# A text_error trajectory's reward: -1 without scoring, not a reward failure.
-_UNSCORED = RewardResult(WRONG_REWARD, correct=False, valid_format=False, answer=None)
+# A text_error trajectory's reward: -1 without scoring, not a reward failure (nor
+# ``Trajectory.unscored``: the reward never saw the text; stop/text_error counts it).
+_TEXT_ERROR_RESULT = RewardResult(WRONG_REWARD, correct=False, valid_format=False, answer=None)
 
 
 def check_context_limit(config: RolloutConfig, limit: int | None, source: str) -> None:
@@ -224,7 +225,7 @@ class _Batch:
     async def finish(self, trajectory: Trajectory) -> None:
         held = False
         if trajectory.stop_reason == StopReason.TEXT_ERROR:
-            self.assign(trajectory, _UNSCORED)
+            self.assign(trajectory, _TEXT_ERROR_RESULT)
         elif not trajectory.excluded:
             held = await self.score(trajectory)
         assert trajectory.stop_reason is not None

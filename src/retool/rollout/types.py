@@ -201,6 +201,7 @@ class Trajectory:
             "reward": self.reward,
             "correct": self.correct,
             "valid_format": self.valid_format,
+            "unscored": self.unscored,
             "advantage": self.advantage,
             "tokens": {
                 "prompt": self.prompt_tokens,
