@@ -525,26 +525,33 @@ def what_it_shows(
                 f" The long demo (make demo-long, {LONG_RUN}) evaluates every held-out "
                 "problem and draws a learning curve."
             )
-    clusters = [(phrasings or {}).get(p.problem_id, p.problem_id) for p in pair.pairs]
-    if phrasings and MIN_PHRASINGS <= len(set(clusters)) < len(clusters):
-        low, high = clustered_paired_bootstrap_ci(
-            [p.correct_a / pair.n for p in pair.pairs],
-            [p.correct_b / pair.n for p in pair.pairs],
-            clusters,
+    if phrasings:
+        said += _over_phrasings(
+            pair, [phrasings.get(p.problem_id, p.problem_id) for p in pair.pairs]
         )
-        count = len(set(clusters))
-        said += (
-            f" Resampling its {count} phrasings rather than its problems (for phrasings "
-            f"beyond these): [{low * 100:+.1f}, {high * 100:+.1f}]"
-        )
-        if low > 0 or high < 0:
-            said += ", above 0." if low > 0 else ", below 0."
-        else:
-            said += (
-                f", which includes 0: {count} phrasings cannot show that the change carries "
-                "over to phrasings in general."
-            )
     return said
+
+
+def _over_phrasings(pair: Comparison, clusters: list[str]) -> str:
+    """The sentence on RL - SFT resampled by phrasing, or ``""`` when it adds nothing."""
+    count = len(set(clusters))
+    if not MIN_PHRASINGS <= count < len(clusters):
+        return ""
+    low, high = clustered_paired_bootstrap_ci(
+        [p.correct_a / pair.n for p in pair.pairs],
+        [p.correct_b / pair.n for p in pair.pairs],
+        clusters,
+    )
+    said = (
+        f" Resampling its {count} phrasings rather than its problems (for phrasings "
+        f"beyond these): [{low * 100:+.1f}, {high * 100:+.1f}]"
+    )
+    if low > 0 or high < 0:
+        return said + (", above 0." if low > 0 else ", below 0.")
+    return said + (
+        f", which includes 0: {count} phrasings cannot show that the change carries "
+        "over to phrasings in general."
+    )
 
 
 def _phrasings(spec: str) -> dict[str, str] | None:

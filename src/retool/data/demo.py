@@ -56,9 +56,6 @@ from dataclasses import dataclass
 from retool.data.demo_families import (
     FAMILIES,
     HELD_OUT_EVERY,
-    Draw,
-    Family,
-    Variant,
     is_held_out,
     ordinal,
     words,
@@ -121,54 +118,6 @@ class DemoProblem:
         )
 
 
-def _draw_splits(
-    seed: int, sizes: Mapping[str, int]
-) -> dict[str, list[tuple[DemoProblem, Variant, Draw]]]:
-    """Every split's problems with the variant and the numbers that wrote each."""
-    rng = random.Random(seed)
-    seen: set[tuple[object, ...]] = set()
-    splits: dict[str, list[tuple[DemoProblem, Variant, Draw]]] = {}
-    for name in SPLITS:
-        drawn: list[tuple[DemoProblem, Variant, Draw]] = []
-        while len(drawn) < sizes[name]:
-            family = FAMILIES[len(drawn) % len(FAMILIES)]
-            variant, j = rng.choice(family.templates(held_out=name in HELD_OUT_SPLITS))
-            draw = variant.draw(rng)
-            key = (variant.name, *draw.key)
-            if key in seen:  # splits must not share a problem, however phrased
-                continue
-            seen.add(key)
-            label, question = f"{variant.name}/{j}", variant.templates[j].format(**draw.fields)
-            drawn.append(
-                (_problem(name, len(drawn), family, variant, label, question, draw), variant, draw)
-            )
-        splits[name] = drawn
-    return splits
-
-
-def _problem(
-    split: str,
-    index: int,
-    family: Family,
-    variant: Variant,
-    template: str,
-    question: str,
-    draw: Draw,
-) -> DemoProblem:
-    return DemoProblem(
-        id=f"demo-{split}-{index:04d}",
-        family=family.name,
-        variant=variant.name,
-        template=template,
-        question=question,
-        answer=draw.answer,
-        solution=draw.solution,
-        first_try=draw.first_try,
-        repair=draw.repair,
-        fields=tuple(draw.fields.items()),
-    )
-
-
 def generate_splits(
     seed: int = DEMO_SEED, sizes: Mapping[str, int] = SPLIT_SIZES
 ) -> dict[str, list[DemoProblem]]:
@@ -177,10 +126,35 @@ def generate_splits(
 
     ``sizes`` exists so a test can show that growing a split keeps what came before it.
     """
-    return {
-        name: [problem for problem, _, _ in drawn]
-        for name, drawn in _draw_splits(seed, sizes).items()
-    }
+    rng = random.Random(seed)
+    seen: set[tuple[object, ...]] = set()
+    splits: dict[str, list[DemoProblem]] = {}
+    for name in SPLITS:
+        problems: list[DemoProblem] = []
+        while len(problems) < sizes[name]:
+            family = FAMILIES[len(problems) % len(FAMILIES)]
+            variant, j = rng.choice(family.templates(held_out=name in HELD_OUT_SPLITS))
+            draw = variant.draw(rng)
+            key = (variant.name, *draw.key)
+            if key in seen:  # splits must not share a problem, however phrased
+                continue
+            seen.add(key)
+            problems.append(
+                DemoProblem(
+                    id=f"demo-{name}-{len(problems):04d}",
+                    family=family.name,
+                    variant=variant.name,
+                    template=f"{variant.name}/{j}",
+                    question=variant.templates[j].format(**draw.fields),
+                    answer=draw.answer,
+                    solution=draw.solution,
+                    first_try=draw.first_try,
+                    repair=draw.repair,
+                    fields=tuple(draw.fields.items()),
+                )
+            )
+        splits[name] = problems
+    return splits
 
 
 def vary(problems: list[DemoProblem], seed: int = DEMO_SEED) -> list[DemoProblem]:
